@@ -1,0 +1,91 @@
+"""Measure one (workload, variant) in the current process: set up, time rounds, profile.
+
+The sweep drives one Bench per variant, each in its own worker process (experiments/worker.py), and
+alternates between them round by round.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from experiments import workloads
+from experiments.numerics import compare
+from experiments.profiling import profile_iterations
+from experiments.records import KernelStats, Numerics
+from experiments.task import Task
+from experiments.timing import launch_cost_us, sm_clock_mhz, synchronize, time_iterations
+from experiments.variants import Variant
+
+
+@dataclass(frozen=True)
+class Spec:
+    workload: str
+    mode: str
+    batch: int | None
+    size: str
+    variant: Variant
+    device: str
+    seed: int
+    warmup: int  # untimed calls after the first; graph trees record on the second call
+    tolerance_floor: dict[str, float]  # numerics: rel_err allowed beyond eager's, by compute dtype
+    tolerance_multiplier: float  # numerics: rel_err allowed as a multiple of eager's
+
+
+@dataclass(frozen=True)
+class Setup:
+    batch: int
+    compile_s: float
+    warmup_s: float
+    numerics: Numerics
+
+
+class Bench:
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        self.device = torch.device(spec.device)
+        self.task: Task | None = None
+        self.fn = None
+
+    def _step(self) -> Any:
+        return self.task.step(self.fn)
+
+    def setup(self) -> Setup:
+        spec = self.spec
+        workload = workloads.get(spec.workload)(spec.mode, spec.batch, spec.size, spec.device)
+        self.task = Task(workload, spec.seed)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.fn = spec.variant.apply(self.task.model)
+        t0 = time.perf_counter()
+        self._step()
+        synchronize(self.device)
+        t1 = time.perf_counter()
+        for _ in range(spec.warmup):
+            self._step()
+        synchronize(self.device)
+        t2 = time.perf_counter()
+        # The twins are copied before the checked step, since a train step changes the state.
+        eager, ref = self.task.twin(), self.task.twin(torch.float64)
+        numerics = compare(self.task.observe(self.fn), eager.observe(eager.model), ref.observe(ref.model),
+                           self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
+        del eager, ref
+        return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
+
+    def time_round(self, iters: int, launches: int) -> tuple[list[float], float, float | None]:
+        """Per-iteration milliseconds, then the launch cost and SM clock right after them. One untimed
+        step first: a process that sat idle while others ran pays for cold caches on its next call."""
+        self._step()
+        times = time_iterations(self._step, iters, self.device)
+        return times, launch_cost_us(self.device, launches), sm_clock_mhz(self.device)
+
+    def profile(self, iters: int) -> KernelStats:
+        return profile_iterations(self._step, iters, self.device)
+
+    def peak_mem_mb(self) -> float | None:
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.max_memory_allocated(self.device) / 2**20

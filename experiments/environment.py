@@ -1,0 +1,85 @@
+"""Where a measurement was taken: GPU, driver, CUDA, torch, triton, this repo's commit, date.
+
+Stored in every record, so that any number can be traced to the machine and code that produced it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Environment:
+    device: str  # "cuda" or "cpu"
+    gpu: str | None  # torch.cuda.get_device_name(), None without CUDA
+    driver: str | None  # NVIDIA driver version
+    cuda: str | None  # CUDA version torch was built with
+    torch: str
+    triton: str | None
+    python: str
+    git_commit: str  # "<sha>" or "<sha>-dirty"; GRACE_GIT_COMMIT when the tree has no .git
+    host: str
+    date: str  # UTC, ISO 8601
+
+
+def _git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                               text=True, check=True).stdout
+        return sha.strip() + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        # A copy of the tree without .git (the device machine): the caller passes the commit in.
+        return os.environ.get("GRACE_GIT_COMMIT", "unknown")
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True, timeout=30).stdout
+        return out.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@cache
+def current() -> Environment:
+    cuda = torch.cuda.is_available()
+    return Environment(
+        device="cuda" if cuda else "cpu",
+        gpu=torch.cuda.get_device_name() if cuda else None,
+        driver=_driver_version() if cuda else None,
+        cuda=torch.version.cuda,
+        torch=torch.__version__,
+        triton=_version("triton"),
+        python=platform.python_version(),
+        git_commit=_git_commit(),
+        host=platform.node(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def device_tag(env: Environment) -> str:
+    """Folder name for records of this kind of machine: 'nvidia-h200', or 'cpu'."""
+    if env.gpu is None:
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", env.gpu.lower()).strip("-")

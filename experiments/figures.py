@@ -1,0 +1,167 @@
+"""The paper's figures and tables, drawn from records (never from anything typed in).
+
+Each writes <out>/<name>.pdf, <name>.png and <name>.csv (the numbers it drew). A variant without an ok
+record for a workload is drawn as "missing", never as zero.
+
+- fig9_speedup:   speedup over `inductor` per workload and geomean, PyTorch2-CG vs GraCE (Fig 9)
+- fig10_ablation: CGCT, +PI, +SCG with PyTorch2-CG overlaid (Fig 10)
+- table2_coverage: % of kernels launched inside CUDA graphs (Table 2)
+- table3_copy_bytes: bytes copied into CUDA-graph inputs per iteration (Table 3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from experiments import stats  # noqa: E402
+from experiments.records import Record  # noqa: E402
+
+KEY = ["workload", "mode", "batch", "size", "variant", "run"]
+BASELINE = "inductor"
+LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "PyTorch2-CG", "cgct": "CGCT",
+          "pi": "PI", "scg": "SCG", "cgct_pi": "CGCT+PI", "grace": "GraCE"}
+GEOMEAN = "geomean"
+
+
+def frame(records: Iterable[Record]) -> pd.DataFrame:
+    """One row per key: the latest record (records are taken in the order given, oldest first)."""
+    rows = []
+    for r in records:
+        k = r.kernels
+        rows.append({
+            "workload": r.workload, "mode": r.mode, "batch": r.batch, "size": r.size, "variant": r.variant,
+            "run": r.run, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,
+            "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
+            "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
+            "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None,
+            "rel_err": r.numerics.rel_err if r.numerics else None, "gpu": r.env.get("gpu"), "date": r.env.get("date"),
+        })
+    df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "gpu_kernel_ms", "kernels",
+                                           "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
+                                           "gpu", "date"])
+    df = df.drop_duplicates(subset=KEY, keep="last")
+    df["label"] = df.apply(_label, axis=1)
+    return df
+
+
+def _label(row) -> str:
+    tiny = " tiny" if row["size"] == "tiny" else ""
+    return f"{row['workload']} {row['mode']} b{row['batch']}{tiny}"
+
+
+def _ok(df: pd.DataFrame, column: str) -> pd.DataFrame:
+    """label x variant table of `column` over ok records (median over runs); NaN where missing."""
+    ok = df[df["status"] == "ok"]
+    return ok.pivot_table(index="label", columns="variant", values=column, aggfunc="median")
+
+
+def speedups(df: pd.DataFrame, variants: Sequence[str]) -> pd.DataFrame:
+    """label x variant: median(inductor) / median(variant); NaN where either is missing."""
+    med = _ok(df, "median_ms").reindex(columns=list(dict.fromkeys([BASELINE, *variants])))
+    table = pd.DataFrame({v: med[BASELINE] / med[v] for v in variants}, index=med.index)
+    return table.reindex(sorted(df["label"].unique()))
+
+
+def with_geomean(table: pd.DataFrame) -> pd.DataFrame:
+    """Append a geomean row over the workloads where every column has a value."""
+    complete = table.dropna()
+    row = {c: stats.geomean(complete[c].tolist()) if len(complete) else np.nan for c in table.columns}
+    return pd.concat([table, pd.DataFrame(row, index=[f"{GEOMEAN} (n={len(complete)})"])])
+
+
+def _save(fig, data: pd.DataFrame, out: Path, name: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    data.to_csv(out / f"{name}.csv", index_label="workload")
+    for ext in ("pdf", "png"):
+        fig.savefig(out / f"{name}.{ext}", bbox_inches="tight", dpi=150)
+    plt.close(fig)
+    return out / f"{name}.png"
+
+
+def _bars(table: pd.DataFrame, title: str, overlay: pd.Series | None = None):
+    sns.set_theme(style="whitegrid", context="paper")
+    labels, variants = list(table.index), list(table.columns)
+    width = 0.8 / max(len(variants), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) * max(1, len(variants)) / 2 + 2), 4))
+    colors = sns.color_palette("colorblind", len(variants))
+    x = np.arange(len(labels))
+    for i, (v, color) in enumerate(zip(variants, colors)):
+        pos = x - 0.4 + width * (i + 0.5)
+        values = table[v].to_numpy(dtype=float)
+        ax.bar(pos, np.nan_to_num(values, nan=0.0), width, label=LABELS.get(v, v), color=color)
+        for p, val in zip(pos, values):
+            if np.isnan(val):
+                ax.text(p, 0.02, "missing", rotation=90, ha="center", va="bottom", fontsize=6, color="0.4",
+                        transform=ax.get_xaxis_transform())
+    if overlay is not None:
+        ax.scatter(x, overlay.reindex(labels).to_numpy(dtype=float), marker="_", s=400, color="black", zorder=3,
+                   label=LABELS.get(overlay.name, overlay.name))
+    ax.axhline(1.0, color="0.3", linewidth=0.8)
+    ax.set_xticks(x, labels, rotation=35, ha="right")
+    ax.set_ylabel(f"speedup over {LABELS[BASELINE]}")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str] | None = None,
+                   name: str = "speedup", title: str = "Speedup over Inductor without CUDA Graphs",
+                   overlay: str | None = None) -> Path:
+    """Bars of speedup over `inductor` per workload plus geomean. Variants default to every one recorded
+    but the baseline; workloads are sorted by the last variant's speedup over the first's."""
+    df = frame(records)
+    if variants is None:
+        order = list(LABELS)  # the paper's order; variants of one's own come after, by name
+        recorded = sorted(df["variant"].unique(), key=lambda v: (order.index(v) if v in order else len(order), v))
+        variants = [v for v in recorded if v != BASELINE] or [BASELINE]
+    table = speedups(df, [*variants, *([overlay] if overlay else [])])
+    order = (table[variants[-1]] / table[variants[0]]).sort_values(na_position="last").index
+    table = with_geomean(table.reindex(order))
+    fig = _bars(table[list(variants)], title, table[overlay] if overlay else None)
+    return _save(fig, table, out, name)
+
+
+def _table_figure(table: pd.DataFrame, out: Path, name: str, title: str, fmt) -> Path:
+    cells = [[("missing" if pd.isna(v) else fmt(v)) for v in row] for row in table.to_numpy()]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(table.columns), 0.8 + 0.3 * len(table)))
+    ax.axis("off")
+    ax.set_title(title)
+    if len(table):
+        ax.table(cellText=cells, rowLabels=list(table.index), colLabels=[LABELS.get(c, c) for c in table.columns],
+                 loc="center")
+    return _save(fig, table, out, name)
+
+
+def coverage_table(records: Iterable[Record], out: Path, variants: Sequence[str] = ("pt2_cg", "cgct")) -> Path:
+    df = frame(records)
+    table = (100 * _ok(df, "kernels_in_graphs_share")).reindex(index=sorted(df["label"].unique()),
+                                                               columns=list(variants))
+    return _table_figure(table, out, "table2_coverage", "% of kernels launched inside CUDA graphs",
+                         lambda v: f"{v:.1f}")
+
+
+def copy_bytes_table(records: Iterable[Record], out: Path,
+                     variants: Sequence[str] = ("pt2_cg", "cgct", "pi", "cgct_pi")) -> Path:
+    df = frame(records)
+    table = _ok(df, "graph_input_copy_bytes").reindex(index=sorted(df["label"].unique()), columns=list(variants))
+    return _table_figure(table, out, "table3_copy_bytes", "Bytes copied into CUDA-graph inputs per iteration",
+                         lambda v: f"{v:,.0f}")
+
+
+def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
+    return [
+        speedup_figure(records, out, ["pt2_cg", "grace"], "fig9_speedup", "Fig 9: speedup over PyTorch2 without CUDA Graphs"),
+        speedup_figure(records, out, ["cgct", "cgct_pi", "grace"], "fig10_ablation", "Fig 10: ablation",
+                       overlay="pt2_cg"),
+        coverage_table(records, out),
+        copy_bytes_table(records, out),
+    ]

@@ -1,0 +1,71 @@
+"""Is a variant's output right? Judged against a float64 reference, with eager's own error as the yardstick.
+
+A compiled bfloat16 model legitimately differs from eager bfloat16 (Inductor keeps fused intermediates in
+float32), by more in deep models than in shallow ones, so a fixed tolerance on |variant - eager| is either
+too loose for one or too tight for the other. As PyTorch's own accuracy checks do, both are compared with
+the same computation in float64: the variant passes when
+
+    rel_err(variant, fp64) <= multiplier * rel_err(eager, fp64) + floor[compute dtype]
+
+where rel_err = ||a - b|| / ||b|| over all floating outputs together. Non-floating outputs must equal
+eager's exactly. NaN, or a different structure or shape, never passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from experiments.records import Numerics
+
+
+def _split(tree: Any) -> tuple[Any, list[torch.Tensor], list[Any]]:
+    leaves, spec = pytree.tree_flatten(tree)
+    floating = [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    exact = [t for t in leaves if not (isinstance(t, torch.Tensor) and t.is_floating_point())]
+    return spec, floating, exact
+
+
+def _rel_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[float, float]:
+    """(||a - b|| / ||b||, max |a - b|) in float64 on the CPU."""
+    diff_sq = ref_sq = max_abs = 0.0
+    for x, y in zip(a, b):
+        d = x.detach().to("cpu", torch.float64) - y.detach().to("cpu", torch.float64)
+        diff_sq += float(d.pow(2).sum())
+        ref_sq += float(y.detach().to("cpu", torch.float64).pow(2).sum())
+        if d.numel():
+            m = float(d.abs().max())
+            max_abs = m if math.isnan(m) else max(max_abs, m)  # max() would drop a NaN
+    rel = math.sqrt(diff_sq) / math.sqrt(ref_sq) if ref_sq > 0 else math.sqrt(diff_sq)
+    return rel, max_abs
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu()))
+    return type(a) is type(b) and a == b
+
+
+def compare(out: Any, eager: Any, ref: Any, dtype: torch.dtype, floors: Mapping[str, float],
+            multiplier: float) -> Numerics:
+    """`out` from the variant, `eager` from eager in the compute dtype, `ref` from eager in float64."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    floor = float(floors[dtype_name])
+    out_spec, out_float, out_exact = _split(out)
+    eager_spec, eager_float, eager_exact = _split(eager)
+    ref_spec, ref_float, _ = _split(ref)
+    same_shape = (out_spec == eager_spec == ref_spec
+                  and all(o.shape == e.shape == r.shape for o, e, r in zip(out_float, eager_float, ref_float)))
+    if not same_shape:
+        return Numerics(False, math.inf, math.inf, math.nan, math.nan, dtype_name, "outputs differ in structure or shape")
+    rel, max_abs = _rel_err(out_float, ref_float)
+    eager_rel, _ = _rel_err(eager_float, ref_float)
+    tolerance = multiplier * eager_rel + floor
+    exact = all(_equal(o, e) for o, e in zip(out_exact, eager_exact))
+    passed = exact and math.isfinite(rel) and rel <= tolerance
+    detail = "" if exact else "non-floating outputs differ from eager"
+    return Numerics(passed, max_abs, rel, eager_rel, tolerance, dtype_name, detail)

@@ -1,0 +1,139 @@
+"""Result records: one JSON line per (workload, variant, run), appended atomically.
+
+A record is final when its status is `ok` or `mismatch` (a measurement was made); a rerun skips final
+records unless forced. `failed` and `skipped` records are kept as history and retried. Readers take the
+latest record per key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("ok", "mismatch", "failed", "skipped")
+FINAL_STATUSES = frozenset({"ok", "mismatch"})
+
+
+@dataclass
+class Numerics:
+    """The variant's outputs (train: loss and gradients) against the same step in float64 on the same
+    inputs, with eager's own error as the yardstick (experiments/numerics.py)."""
+
+    passed: bool
+    max_abs_err: float  # max |variant - float64|
+    rel_err: float  # ||variant - float64|| / ||float64|| over all floating outputs
+    eager_rel_err: float  # the same for eager in the compute dtype
+    tolerance: float  # on rel_err: multiplier * eager_rel_err + floor of the compute dtype
+    dtype: str  # compute dtype
+    detail: str = ""  # what failed, beyond rel_err > tolerance
+
+
+@dataclass
+class KernelStats:
+    """From torch.profiler over `iters` iterations, per iteration."""
+
+    iters: int
+    gpu_kernel_ms: float | None  # device time of kernels, memcpys and memsets: the floor under launch overhead
+    kernels: float | None  # kernels launched
+    kernels_in_graphs_share: float | None  # share of those kernels replayed from CUDA graphs
+    graphs: float | None  # CUDA graph launches
+    graph_input_copy_bytes: float  # bytes copied into graph input buffers (torch._foreach_copy_)
+
+
+@dataclass
+class Record:
+    experiment: str
+    session: str  # id shared by the variants measured together, interleaved, in one job
+    run: int  # repetition index, for run-to-run spread
+    workload: str
+    mode: str  # eval | train
+    batch: int
+    size: str  # full | tiny
+    variant: str
+    status: str  # one of STATUSES
+    reason: str = ""  # why, for any status but ok
+    compile_s: float | None = None  # first call: compilation (and for graph variants, warm-up run)
+    warmup_s: float | None = None  # the other untimed calls (graph recording happens here)
+    iter_ms: list[list[float]] = field(default_factory=list)  # wall time per timed iteration, per round
+    median_ms: float | None = None
+    p25_ms: float | None = None
+    p75_ms: float | None = None
+    baseline: str | None = None  # variant that round_ratios divide by, when it ran in the same session
+    round_ratios: list[float] | None = None  # per round: median(this) / median(baseline)
+    launch_us: list[float] = field(default_factory=list)  # host cost of one tiny launch, per round
+    sm_clock_mhz: list[float | None] = field(default_factory=list)  # SM clock after each round
+    kernels: KernelStats | None = None
+    peak_mem_mb: float | None = None
+    numerics: Numerics | None = None
+    env: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
+
+    @property
+    def key(self) -> tuple:
+        return key(self.workload, self.mode, self.batch, self.size, self.variant, self.run)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Record:
+        d = dict(d)
+        if d.get("kernels") is not None:
+            d["kernels"] = KernelStats(**d["kernels"])
+        if d.get("numerics") is not None:
+            d["numerics"] = Numerics(**d["numerics"])
+        return cls(**d)
+
+
+def key(workload: str, mode: str, batch: int, size: str, variant: str, run: int) -> tuple:
+    return (workload, mode, batch, size, variant, run)
+
+
+class RecordStore:
+    """A JSON-lines file of records. Appends take an exclusive lock and write one whole line in one
+    call, then fsync, so concurrent jobs and an interrupted run never leave half a record behind."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def append(self, record: Record) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = (record.to_json() + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def load(self) -> list[Record]:
+        if not self.path.exists():
+            return []
+        records = []
+        for n, line in enumerate(self.path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(Record.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, ValueError) as e:
+                log.warning("%s:%d: unreadable record skipped (%s)", self.path, n, e)
+        return records
+
+    def latest(self) -> dict[tuple, Record]:
+        """The newest record per key."""
+        return {r.key: r for r in self.load()}
+
+    def final_keys(self) -> set[tuple]:
+        return {k for k, r in self.latest().items() if r.status in FINAL_STATUSES}

@@ -1,0 +1,178 @@
+"""Run an experiment: every selected workload against every selected variant, interleaved, recorded.
+
+Per workload, each variant to measure gets its own worker process (set up one at a time, so compile
+latencies do not overlap). Then `rounds` rounds: in each, every variant runs `iters` timed iterations in
+turn, the order rotating from round to round, so that a slow moment of the host is shared out. Then each
+variant is profiled, and one record per variant is appended. Anything already recorded as final is
+skipped (unless forced), so an interrupted sweep resumes where it stopped; `shard` splits the workload
+list across machines or calls; `budget_s` stops starting new workloads in time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from experiments import environment, stats, workloads
+from experiments.bench import Setup, Spec
+from experiments.records import Record, RecordStore, key
+from experiments.variants import Variant
+from experiments.worker import Worker, WorkerError
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """Bad input from the command line or config: reported in one line, nothing recorded."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One workload selection of the experiment."""
+
+    name: str
+    mode: str
+    batch: int  # resolved: the workload's default for the mode when the config says null
+    size: str
+
+
+def _entries(workload_cfg: Mapping[str, Any]) -> list[Entry]:
+    entries = []
+    for label, w in workload_cfg.items():
+        try:
+            cls = workloads.get(w["name"])
+            wl = cls(w["mode"], w.get("batch"), w.get("size", "full"))
+        except (workloads.UnknownWorkload, NotImplementedError, ValueError) as e:
+            raise ConfigError(f"workload {label!r}: {e}") from None
+        entries.append(Entry(w["name"], wl.mode, wl.batch, wl.size))
+    return entries
+
+
+def _shard(entries: list[Entry], shard: str | None) -> list[Entry]:
+    if shard is None:
+        return entries
+    try:
+        i, n = (int(x) for x in str(shard).split("/"))
+        if not 0 <= i < n:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"shard must be 'i/n' with 0 <= i < n, got {shard!r}") from None
+    return entries[i::n]
+
+
+def records_path(cfg: DictConfig, env: environment.Environment) -> Path:
+    return Path(cfg.results_dir) / cfg.experiment_name / environment.device_tag(env) / "records.jsonl"
+
+
+class Sweep:
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.measure = cfg.measure
+        self.env = environment.current()
+        self.entries = _shard(_entries(OmegaConf.to_container(cfg.workload)), cfg.shard)
+        try:
+            self.variants = [Variant.from_config(n, OmegaConf.to_container(v)) for n, v in cfg.variant.items()]
+        except TypeError as e:
+            raise ConfigError(f"variant config: {e}") from None
+        if not self.variants:
+            raise ConfigError("no variant selected")
+        self.store = RecordStore(records_path(cfg, self.env))
+        self.session = uuid.uuid4().hex[:12]
+
+    def run(self) -> Path:
+        start = time.monotonic()
+        final = set() if self.cfg.force else self.store.final_keys()
+        for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
+            # The first workload always runs, so that every call makes progress.
+            if i and self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s:
+                log.warning("time budget of %s s spent: stopping before %s (rerun to resume)", self.cfg.budget_s, entry.name)
+                break
+            for run in range(self.cfg.runs):
+                todo = [v for v in self.variants
+                        if key(entry.name, entry.mode, entry.batch, entry.size, v.name, run) not in final]
+                if len(todo) < len(self.variants):
+                    log.info("%s run %d: already recorded: %s", entry.name, run,
+                             ", ".join(v.name for v in self.variants if v not in todo))
+                if todo:
+                    self._measure(entry, run, todo)
+        return self.store.path
+
+    def _record(self, entry: Entry, run: int, variant: Variant, status: str, **fields) -> Record:
+        return Record(experiment=self.cfg.experiment_name, session=self.session, run=run, workload=entry.name,
+                      mode=entry.mode, batch=entry.batch, size=entry.size, variant=variant.name, status=status,
+                      env=asdict(self.env), **fields)
+
+    def _unmeasured(self, entry: Entry, run: int, variant: Variant, status: str, reason: str) -> None:
+        log.warning("%s / %s: %s: %s", entry.name, variant.name, status, reason)
+        self.store.append(self._record(entry, run, variant, status, reason=reason))
+
+    def _measure(self, entry: Entry, run: int, variants: list[Variant]) -> None:
+        m = self.measure
+        workers: dict[str, tuple[Variant, Worker, Setup]] = {}
+        try:
+            for v in variants:
+                reason = v.unavailable_reason(self.env.device)
+                if reason:
+                    self._unmeasured(entry, run, v, "skipped", reason)
+                    continue
+                spec = Spec(entry.name, entry.mode, entry.batch, entry.size, v, self.env.device, m.seed, m.warmup,
+                            OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier)
+                worker = Worker(spec, m.timeout_s)
+                try:
+                    workers[v.name] = (v, worker, worker.call("setup"))
+                except WorkerError as e:
+                    worker.close()
+                    self._unmeasured(entry, run, v, "failed", str(e))
+            rounds: dict[str, list] = {name: [] for name in workers}
+            for r in range(m.rounds):
+                names = list(workers)  # rotated each round: no variant always runs first
+                for i in range(len(names)):
+                    name = names[(r + i) % len(names)]
+                    v, worker, _ = workers[name]
+                    try:
+                        rounds[name].append(worker.call("time_round", m.iters, m.launch_calibration))
+                    except WorkerError as e:
+                        del workers[name]
+                        worker.close()
+                        self._unmeasured(entry, run, v, "failed", str(e))
+            baseline_rounds = rounds[self.cfg.baseline] if self.cfg.baseline in workers else None
+            for name, (v, worker, setup) in workers.items():
+                try:
+                    kernels = worker.call("profile", m.profile_iters)
+                    peak = worker.call("peak_mem_mb")
+                except WorkerError as e:
+                    self._unmeasured(entry, run, v, "failed", str(e))
+                    continue
+                self.store.append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds,
+                                                 kernels=kernels, peak_mem_mb=peak))
+        finally:
+            for _, worker, _ in workers.values():
+                worker.close()
+
+    def _measured(self, entry: Entry, run: int, v: Variant, setup: Setup, rounds: list, baseline_rounds: list | None,
+                  **fields) -> Record:
+        iter_ms = [r[0] for r in rounds]
+        all_ms = stats.flatten(iter_ms)
+        p25, p75 = stats.quartiles(all_ms)
+        compare_to_baseline = baseline_rounds is not None and v.name != self.cfg.baseline
+        status, reason = "ok", ""
+        if not setup.numerics.passed:
+            status = "mismatch"
+            n = setup.numerics
+            reason = n.detail or (f"outputs off: rel_err {n.rel_err:.3g} against float64 > tolerance {n.tolerance:.3g} "
+                                  f"(eager's rel_err {n.eager_rel_err:.3g}, {n.dtype})")
+            log.warning("%s / %s: %s", entry.name, v.name, reason)
+        return self._record(
+            entry, run, v, status, reason=reason, compile_s=setup.compile_s, warmup_s=setup.warmup_s,
+            iter_ms=iter_ms, median_ms=stats.median(all_ms), p25_ms=p25, p75_ms=p75,
+            baseline=self.cfg.baseline if compare_to_baseline else None,
+            round_ratios=stats.round_ratios(iter_ms, [r[0] for r in baseline_rounds]) if compare_to_baseline else None,
+            launch_us=[r[1] for r in rounds], sm_clock_mhz=[r[2] for r in rounds], numerics=setup.numerics, **fields)

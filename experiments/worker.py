@@ -1,0 +1,74 @@
+"""One Bench in its own process, so that variants share no dynamo state and no compile caches.
+
+The parent calls Bench methods by name over a pipe; the worker answers ("ok", value) or ("error", text).
+A worker that dies or stops answering becomes a WorkerError in the parent, never a crashed sweep.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+from typing import Any
+
+from experiments.bench import Bench, Spec
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+def _serve(conn, spec: Spec) -> None:
+    with tempfile.TemporaryDirectory(prefix="grace-caches-") as caches:
+        # Cold, private compile caches: compile latency is not flattered by another variant's artifacts.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
+        bench = Bench(spec)
+        while True:
+            try:
+                method, args = conn.recv()
+            except EOFError:
+                return
+            if method == "close":
+                return
+            try:
+                conn.send(("ok", getattr(bench, method)(*args)))
+            except Exception as e:  # reported to the parent, which records it
+                conn.send(("error", f"{method}: {type(e).__name__}: {e}".splitlines()[0]))
+
+
+class Worker:
+    def __init__(self, spec: Spec, timeout_s: float):
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        # Not a daemon: Inductor starts compile subprocesses of its own.
+        self._proc = ctx.Process(target=_serve, args=(child, spec), name=f"bench-{spec.workload}-{spec.variant.name}")
+        self._proc.start()
+        child.close()
+        self.timeout_s = timeout_s
+
+    def call(self, method: str, *args: Any) -> Any:
+        try:
+            self._conn.send((method, args))
+            if not self._conn.poll(self.timeout_s):
+                self.close()
+                raise WorkerError(f"{method}: no answer within {self.timeout_s:.0f} s")
+            status, value = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(10)
+            raise WorkerError(f"{method}: worker process died (exit code {self._proc.exitcode})") from None
+        if status == "error":
+            raise WorkerError(value)
+        return value
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send(("close", ()))
+            except OSError:
+                pass
+            self._proc.join(60)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()

@@ -1,0 +1,63 @@
+"""Run an experiment of the reproduction harness.
+
+    python run.py experiment=smoke                       # the main job
+    python run.py -m 'workload=resnet18,mlp' 'variant=inductor,pt2_cg'   # a Hydra multirun sweep
+
+Records are appended to results/<experiment_name>/<device>/records.jsonl; see conf/config.yaml.
+"""
+
+import logging
+import re
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+
+from experiments import figures
+from experiments.sweep import ConfigError, Sweep
+
+log = logging.getLogger("run")
+CONF = Path(__file__).resolve().parent / "conf"
+
+
+def unknown_choice(args: list[str]) -> str | None:
+    """One line naming the first unknown workload or variant on the command line, before Hydra's longer
+    message: what is known is what conf/<group>/ holds."""
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+    except HydraException:
+        return None  # Hydra reports malformed overrides itself
+    for o in overrides:
+        if o.key_or_group not in ("workload", "variant"):
+            continue
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else o.value()
+        text = ",".join(map(str, values)) if isinstance(values, list) else str(values)  # sweep items may be "[a,b]"
+        known = sorted(p.stem for p in (CONF / o.key_or_group).glob("*.yaml"))
+        for name in re.findall(r"[^\[\],\s]+", text):
+            if name not in known:
+                return f"error: unknown {o.key_or_group} {name!r} (known: {', '.join(known)})"
+    return None
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    try:
+        sweep = Sweep(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    path = sweep.run()
+    log.info("records: %s", path.resolve())
+    if cfg.figure:
+        out = figures.speedup_figure(sweep.store.load(), path.parent)
+        log.info("figure: %s", out.resolve())
+
+
+if __name__ == "__main__":
+    if message := unknown_choice(sys.argv[1:]):
+        print(message, file=sys.stderr)
+        sys.exit(2)
+    main()

@@ -1,0 +1,41 @@
+"""Regenerate paper_figures/ from committed records, on any machine, in seconds.
+
+    python scripts/make_figures.py                      # GPU records of every experiment under results/
+    python scripts/make_figures.py --device nvidia-h200 --experiments baselines full
+
+Where several experiments recorded the same (workload, mode, batch, size, variant, run), the newest wins.
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments import figures  # noqa: E402
+from experiments.records import RecordStore  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", type=Path, default=Path("results"), help="folder of <experiment>/<device>/records.jsonl")
+    p.add_argument("--device", default="nvidia-h200", help="device folder to read (default: nvidia-h200)")
+    p.add_argument("--experiments", nargs="*", help="experiments to read (default: all)")
+    p.add_argument("--out", type=Path, default=Path("paper_figures"))
+    args = p.parse_args(argv)
+    paths = sorted(args.results.glob(f"*/{args.device}/records.jsonl"))
+    if args.experiments:
+        paths = [q for q in paths if q.parent.parent.name in args.experiments]
+    if not paths:
+        print(f"error: no records under {args.results}/*/{args.device}/", file=sys.stderr)
+        return 2
+    records = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))
+    for out in figures.paper_figures(records, args.out):
+        print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(main())

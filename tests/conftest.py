@@ -1,0 +1,32 @@
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+
+# Small enough for a 2-core CPU, large enough to exercise rounds, ratios and quartiles.
+FAST = ["measure=smoke", "measure.rounds=2", "measure.iters=3", "measure.warmup=2", "measure.profile_iters=2",
+        "measure.launch_calibration=10", "figure=false"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def make_cfg(tmp_path):
+    """Compose the real config, with results under tmp_path."""
+
+    def _make(*overrides: str):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose("config", overrides=[f"results_dir={tmp_path / 'results'}", *FAST, *overrides])
+
+    return _make

@@ -1,0 +1,20 @@
+"""Backends that misbehave on purpose, named in variant configs as "tests.helpers:<name>"."""
+
+import os
+
+from torch.utils import _pytree as pytree
+
+
+def offset_backend(gm, example_inputs):
+    """Compiles to the graph plus 0.5 on every floating output: wrong numbers, nothing else."""
+
+    def run(*args):
+        out = gm(*args)
+        return pytree.tree_map(lambda t: t + 0.5 if hasattr(t, "is_floating_point") and t.is_floating_point() else t, out)
+
+    return run
+
+
+def dying_backend(gm, example_inputs):
+    """The process dies while compiling, as a segfault in a compiler would."""
+    os._exit(3)

@@ -1,0 +1,49 @@
+"""run.py as a user runs it: bad input gets one line and a non-zero exit, and touches no record."""
+
+import hashlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def _run(tmp_path, *args):
+    return subprocess.run([sys.executable, "run.py", f"results_dir={tmp_path}", "hydra.run.dir=" + str(tmp_path / "h"),
+                           *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    path = tmp_path / "smoke" / "cpu" / "records.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"already": "recorded"}\n')
+    return path
+
+
+@pytest.mark.parametrize("args,message", [
+    (["experiment=smoke", "workload=[mlp,nope]"], "error: unknown workload 'nope' (known: cpu_scalar, eos_chain,"),
+    (["-m", "experiment=smoke", "variant=eager,nope"], "error: unknown variant 'nope' (known: eager,"),
+    (["experiment=smoke", "workload=[mlp]", "workload.mlp.name=nope"], "error: workload 'mlp': unknown workload 'nope'"),
+    (["experiment=smoke", "workload=[eos_chain]", "workload.eos_chain.mode=train"], "no train mode"),
+    (["experiment=smoke", "shard=3"], "error: shard must be"),
+])
+def test_bad_input(tmp_path, recorded, args, message):
+    before = hashlib.sha256(recorded.read_bytes()).hexdigest()
+    proc = _run(tmp_path, *args)
+    assert proc.returncode != 0
+    assert message in proc.stderr.splitlines()[0]
+    assert "Traceback" not in proc.stderr
+    assert hashlib.sha256(recorded.read_bytes()).hexdigest() == before
+
+
+def test_main_job_writes_records_and_a_figure(tmp_path):
+    proc = _run(tmp_path, "experiment=smoke", "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,pt2_cg]",
+                "measure.rounds=2", "measure.iters=2")
+    assert proc.returncode == 0, proc.stderr
+    device_dirs = list((tmp_path / "smoke").iterdir())
+    assert len(device_dirs) == 1
+    assert (device_dirs[0] / "records.jsonl").read_text().count("\n") == 2
+    assert (device_dirs[0] / "speedup.png").stat().st_size > 0
+    assert (device_dirs[0] / "speedup.csv").exists()

@@ -1,0 +1,48 @@
+"""On a CUDA GPU: stock CUDA graphs measured through the harness, and what the profiler sees of them."""
+
+import pytest
+
+pytestmark = pytest.mark.cuda
+
+from experiments.sweep import Sweep  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    from tests.conftest import CONF, FAST
+    from hydra import compose, initialize_config_dir
+
+    out = tmp_path_factory.mktemp("results")
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"results_dir={out}", *FAST, "workload=[mlp,eos_chain,cpu_scalar]",
+                                           "workload.mlp.size=tiny", "workload.eos_chain.size=tiny",
+                                           "workload.cpu_scalar.size=tiny", "variant=[eager,inductor,pt2_cg]"])
+    sweep = Sweep(cfg)
+    sweep.run()
+    return {(r.workload, r.variant): r for r in sweep.store.load()}
+
+
+def test_every_variant_ok_and_right(records):
+    assert len(records) == 9
+    for (w, v), r in records.items():
+        assert r.status == "ok", (w, v, r.reason)
+        assert r.numerics.passed
+        assert r.env["gpu"] and r.env["driver"] and r.env["cuda"]
+        assert r.kernels.gpu_kernel_ms > 0 and r.kernels.kernels > 0
+        assert r.median_ms > r.kernels.gpu_kernel_ms  # wall time sits above the GPU's own time
+        assert all(c is not None and c > 0 for c in r.sm_clock_mhz)
+
+
+def test_stock_graphs_replay_and_copy_their_inputs(records):
+    mlp = records["mlp", "pt2_cg"].kernels
+    assert mlp.graphs >= 1 and mlp.kernels_in_graphs_share > 0.5
+    assert mlp.graph_input_copy_bytes == 8 * 32 * 2  # one bfloat16 input of 8 x 32, copied each replay
+    eos = records["eos_chain", "pt2_cg"].kernels
+    assert eos.graph_input_copy_bytes == 3 * 4096 * 4  # three float32 inputs
+
+
+@pytest.mark.parametrize("variant", ["eager", "inductor"])
+def test_no_graphs_without_cuda_graphs(records, variant):
+    for w in ("mlp", "eos_chain"):
+        k = records[w, variant].kernels
+        assert k.graphs == 0 and k.kernels_in_graphs_share == 0 and k.graph_input_copy_bytes == 0

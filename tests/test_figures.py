@@ -1,0 +1,63 @@
+import math
+
+import pandas as pd
+
+from experiments import figures
+from experiments.records import KernelStats, Record
+from scripts import make_figures
+
+
+def rec(workload, variant, median_ms, status="ok", share=None, copy_bytes=0.0) -> Record:
+    return Record(experiment="t", session="s", run=0, workload=workload, mode="eval", batch=1, size="full",
+                  variant=variant, status=status, median_ms=median_ms,
+                  kernels=KernelStats(10, 0.1, 5.0, share, 1.0 if share else 0.0, copy_bytes),
+                  env={"gpu": "NVIDIA H200", "date": "2026-11-30T00:00:00+00:00"})
+
+
+RECORDS = [
+    rec("a", "inductor", 4.0), rec("a", "pt2_cg", 2.0, share=1.0, copy_bytes=4096), rec("a", "grace", 1.0),
+    rec("b", "inductor", 9.0), rec("b", "pt2_cg", 3.0, share=0.5, copy_bytes=128), rec("b", "grace", 1.0),
+    rec("c", "inductor", 1.0), rec("c", "pt2_cg", 2.0), rec("c", "grace", 5.0, status="failed"),
+]
+
+
+def test_speedups_divide_the_baseline_median_and_leave_missing_empty(tmp_path):
+    figures.speedup_figure(RECORDS, tmp_path, ["pt2_cg", "grace"], "fig9")
+    table = pd.read_csv(tmp_path / "fig9.csv", index_col="workload")
+    assert table.loc["a eval b1", "pt2_cg"] == 2.0 and table.loc["a eval b1", "grace"] == 4.0
+    assert table.loc["b eval b1", "pt2_cg"] == 3.0 and table.loc["b eval b1", "grace"] == 9.0
+    assert table.loc["c eval b1", "pt2_cg"] == 0.5
+    assert math.isnan(table.loc["c eval b1", "grace"])  # failed: missing, not zero
+    geo = table.loc["geomean (n=2)"]  # over the workloads where both variants have a number
+    assert math.isclose(geo["pt2_cg"], math.sqrt(6.0)) and math.isclose(geo["grace"], 6.0)
+    # sorted by GraCE over PyTorch2-CG, missing last
+    assert list(table.index[:3]) == ["a eval b1", "b eval b1", "c eval b1"]
+    for ext in ("pdf", "png"):
+        assert (tmp_path / f"fig9.{ext}").stat().st_size > 0
+
+
+def test_latest_record_wins():
+    newer = rec("a", "grace", 2.0)
+    table = figures.speedups(figures.frame(RECORDS + [newer]), ["grace"])
+    assert table.loc["a eval b1", "grace"] == 2.0
+
+
+def test_tables_of_coverage_and_copy_bytes(tmp_path):
+    figures.coverage_table(RECORDS, tmp_path)
+    figures.copy_bytes_table(RECORDS, tmp_path)
+    cov = pd.read_csv(tmp_path / "table2_coverage.csv", index_col="workload")
+    assert cov.loc["a eval b1", "pt2_cg"] == 100.0 and cov.loc["b eval b1", "pt2_cg"] == 50.0
+    assert cov["cgct"].isna().all()
+    copies = pd.read_csv(tmp_path / "table3_copy_bytes.csv", index_col="workload")
+    assert copies.loc["a eval b1", "pt2_cg"] == 4096 and copies["pi"].isna().all()
+
+
+def test_make_figures_script(tmp_path):
+    path = tmp_path / "results" / "x" / "nvidia-h200" / "records.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(r.to_json() + "\n" for r in RECORDS))
+    out = tmp_path / "figs"
+    assert make_figures.main(["--results", str(tmp_path / "results"), "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} >= {f"{n}.{e}" for n in ("fig9_speedup", "fig10_ablation", "table2_coverage",
+                                                                      "table3_copy_bytes") for e in ("pdf", "png", "csv")}
+    assert make_figures.main(["--results", str(tmp_path / "nothing")]) == 2

@@ -1,0 +1,57 @@
+import math
+
+import pytest
+import torch
+
+from experiments.numerics import compare
+from experiments.task import Task
+from experiments.workloads import get
+
+FLOORS = {"bfloat16": 1e-2, "float32": 1e-5}
+
+
+def _three(workload: str, mode: str):
+    task = Task(get(workload)(mode, size="tiny"), seed=0)
+    eager, ref = task.twin(), task.twin(torch.float64)
+    return task, eager.observe(eager.model), ref.observe(ref.model)
+
+
+@pytest.mark.parametrize("workload,mode", [("mlp", "eval"), ("mlp", "train"), ("eos_chain", "eval")])
+def test_eager_passes_against_float64(workload, mode):
+    task, eager, ref = _three(workload, mode)
+    n = compare(task.observe(task.model), eager, ref, task.compute_dtype, FLOORS, 3.0)
+    assert n.passed, n
+    assert 0 < n.rel_err == n.eager_rel_err < n.tolerance
+
+
+def test_wrong_output_is_flagged():
+    task, eager, ref = _three("mlp", "eval")
+    wrong = task.observe(task.model) * 1.1
+    n = compare(wrong, eager, ref, task.compute_dtype, FLOORS, 3.0)
+    assert not n.passed and n.rel_err > n.tolerance
+
+
+def test_wrong_gradient_is_flagged():
+    task, eager, ref = _three("mlp", "train")
+    loss, grads = task.observe(task.model)
+    grads[0] = grads[0] + grads[0].abs().max()
+    assert not compare((loss, grads), eager, ref, task.compute_dtype, FLOORS, 3.0).passed
+
+
+def test_nan_never_passes():
+    out = torch.tensor([1.0, float("nan")])
+    n = compare(out, torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=torch.float64), torch.float32, FLOORS, 3.0)
+    assert not n.passed and math.isnan(n.rel_err) and math.isnan(n.max_abs_err)
+
+
+def test_shape_or_structure_mismatch_fails():
+    ref = torch.ones(4, dtype=torch.float64)
+    assert not compare(torch.ones(5), torch.ones(4), ref, torch.float32, FLOORS, 3.0).passed
+    assert not compare((torch.ones(4),), torch.ones(4), ref, torch.float32, FLOORS, 3.0).passed
+
+
+def test_integer_outputs_must_equal_eager():
+    ref = (torch.ones(2, dtype=torch.float64), torch.tensor([1, 2]))
+    ok = compare((torch.ones(2), torch.tensor([1, 2])), (torch.ones(2), torch.tensor([1, 2])), ref, torch.float32, FLOORS, 3.0)
+    bad = compare((torch.ones(2), torch.tensor([1, 3])), (torch.ones(2), torch.tensor([1, 2])), ref, torch.float32, FLOORS, 3.0)
+    assert ok.passed and not bad.passed and bad.detail

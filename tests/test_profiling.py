@@ -1,0 +1,43 @@
+import torch
+
+from experiments.profiling import count_graph_input_copies, kernel_stats
+
+
+def _ev(cat, name, corr, dur=0.0):
+    return {"cat": cat, "name": name, "dur": dur, "args": {"correlation": corr}}
+
+
+def test_kernel_stats_from_a_trace():
+    events = [
+        # iteration 1: one graph replay of 3 kernels, one kernel launched alone, one input copy (memcpy)
+        _ev("cuda_runtime", "cudaGraphLaunch", 1), *[_ev("kernel", "k", 1, 10.0) for _ in range(3)],
+        _ev("cuda_runtime", "cudaLaunchKernel", 2), _ev("kernel", "k", 2, 20.0), _ev("gpu_memcpy", "copy", 3, 5.0),
+        # iteration 2: the same
+        _ev("cuda_runtime", "cudaGraphLaunch", 4), *[_ev("kernel", "k", 4, 10.0) for _ in range(3)],
+        _ev("cuda_runtime", "cudaLaunchKernel", 5), _ev("kernel", "k", 5, 20.0), _ev("gpu_memcpy", "copy", 6, 5.0),
+        _ev("cpu_op", "aten::add", None, 1000.0),
+    ]
+    s = kernel_stats(events, iters=2, copy_bytes=1024, cuda=True)
+    assert s.kernels == 4.0
+    assert s.graphs == 1.0
+    assert s.kernels_in_graphs_share == 0.75
+    assert s.gpu_kernel_ms == (3 * 10 + 20 + 5) / 1e3
+    assert s.graph_input_copy_bytes == 512.0
+
+
+def test_kernel_stats_without_cuda():
+    s = kernel_stats([], iters=4, copy_bytes=0, cuda=False)
+    assert (s.kernels, s.graphs, s.gpu_kernel_ms, s.kernels_in_graphs_share) == (None, None, None, None)
+    assert s.graph_input_copy_bytes == 0.0
+
+
+def test_input_copies_are_counted_in_bytes_and_restored():
+    original = torch._foreach_copy_
+    dst = [torch.zeros(4, 4), torch.zeros(3, dtype=torch.bfloat16)]
+    src = [torch.ones(4, 4), torch.ones(3, dtype=torch.bfloat16)]
+    with count_graph_input_copies() as copied:
+        torch._foreach_copy_(dst, src)
+        torch._foreach_copy_(dst[:1], src[:1])
+    assert copied[0] == 2 * 16 * 4 + 3 * 2
+    assert torch.equal(dst[0], src[0]) and torch.equal(dst[1], src[1])
+    assert torch._foreach_copy_ is original

@@ -1,0 +1,79 @@
+import dataclasses
+import json
+import multiprocessing as mp
+
+from experiments.records import KernelStats, Numerics, Record, RecordStore
+
+
+def make(variant="inductor", status="ok", run=0, **fields) -> Record:
+    return Record(experiment="t", session="s", run=run, workload="mlp", mode="eval", batch=8, size="tiny",
+                  variant=variant, status=status, **fields)
+
+
+def full() -> Record:
+    """A record with every field set to something other than its default."""
+    return make(reason="r", compile_s=1.5, warmup_s=0.5, iter_ms=[[1.0, 2.0], [3.0, 4.0]], median_ms=2.5, p25_ms=1.75,
+                p75_ms=3.25, baseline="inductor", round_ratios=[0.9, 1.1], launch_us=[7.0, 8.0],
+                sm_clock_mhz=[1980.0, None], kernels=KernelStats(10, 0.2, 12.0, 1.0, 1.0, 4096.0), peak_mem_mb=12.0,
+                numerics=Numerics(True, 1e-3, 2e-3, 1e-3, 1.3e-2, "bfloat16", "d"),
+                env={"gpu": "NVIDIA H200", "torch": "2.11.0", "git_commit": "abc"})
+
+
+def test_every_field_survives_a_round_trip(tmp_path):
+    store = RecordStore(tmp_path / "r.jsonl")
+    rec = full()
+    store.append(rec)
+    (back,) = store.load()
+    assert back == rec
+    line = json.loads((tmp_path / "r.jsonl").read_text())
+    assert set(line) == {f.name for f in dataclasses.fields(Record)}
+    for f in dataclasses.fields(Record):  # none was left at its default by `full`
+        if f.default is not dataclasses.MISSING:
+            assert getattr(rec, f.name) != f.default, f.name
+        elif f.default_factory is not dataclasses.MISSING:
+            assert getattr(rec, f.name) != f.default_factory(), f.name
+
+
+def test_bad_status_is_refused():
+    try:
+        make(status="great")
+    except ValueError:
+        return
+    raise AssertionError("status 'great' accepted")
+
+
+def test_latest_wins_and_only_ok_or_mismatch_is_final(tmp_path):
+    store = RecordStore(tmp_path / "r.jsonl")
+    store.append(make("a", "failed"))
+    store.append(make("b", "ok"))
+    store.append(make("c", "skipped"))
+    store.append(make("d", "mismatch"))
+    store.append(make("a", "ok", median_ms=1.0))
+    assert store.latest()[make("a").key].median_ms == 1.0
+    assert {k[4] for k in store.final_keys()} == {"a", "b", "d"}
+
+
+def test_a_torn_line_is_skipped_not_fatal(tmp_path):
+    path = tmp_path / "r.jsonl"
+    store = RecordStore(path)
+    store.append(make("a"))
+    with path.open("a") as f:
+        f.write('{"experiment": "t", "sess')  # a writer killed mid-line
+    assert [r.variant for r in store.load()] == ["a"]
+
+
+def _append_many(path, worker):
+    store = RecordStore(path)
+    for i in range(50):
+        store.append(make(f"w{worker}", run=i, iter_ms=[[float(i)] * 200]))
+
+
+def test_concurrent_appends_never_interleave(tmp_path):
+    path = tmp_path / "r.jsonl"
+    procs = [mp.get_context("spawn").Process(target=_append_many, args=(path, w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    records = RecordStore(path).load()
+    assert len(records) == 200 == len(path.read_text().splitlines())

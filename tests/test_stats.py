@@ -1,0 +1,43 @@
+import math
+
+import pytest
+
+from experiments import stats
+
+
+def test_median_odd_even():
+    assert stats.median([3.0, 1.0, 2.0]) == 2.0
+    assert stats.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+
+
+def test_median_of_nothing_is_an_error():
+    with pytest.raises(ValueError):
+        stats.median([])
+
+
+def test_quartiles():
+    assert stats.quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
+    assert stats.quartiles([7.0]) == (7.0, 7.0)
+
+
+def test_round_ratios_are_per_round_medians():
+    variant = [[1.0, 2.0, 3.0], [10.0, 10.0, 40.0]]
+    baseline = [[4.0, 4.0, 4.0], [5.0, 20.0, 20.0]]
+    assert stats.round_ratios(variant, baseline) == [0.5, 0.5]
+    with pytest.raises(ValueError):
+        stats.round_ratios(variant, baseline[:1])
+
+
+def test_speedup_is_baseline_over_variant():
+    assert stats.speedup(baseline_ms=3.0, variant_ms=1.5) == 2.0
+
+
+def test_geomean():
+    assert math.isclose(stats.geomean([1.0, 4.0]), 2.0)
+    assert math.isclose(stats.geomean([2.0, 8.0, 4.0]), 4.0)
+    with pytest.raises(ValueError):
+        stats.geomean([1.0, 0.0])
+
+
+def test_flatten():
+    assert stats.flatten([[1.0], [2.0, 3.0]]) == [1.0, 2.0, 3.0]

@@ -1,0 +1,105 @@
+"""End to end through the real Hydra config, on whatever machine runs the tests (tiny sizes)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from experiments import stats
+from experiments.records import RecordStore
+from experiments.sweep import ConfigError, Sweep
+
+CUDA = torch.cuda.is_available()
+
+
+def _sweep(make_cfg, *overrides):
+    sweep = Sweep(make_cfg(*overrides))
+    sweep.run()
+    return sweep
+
+
+def _by_variant(store):
+    return {r.variant: r for r in store.load()}
+
+
+def test_records_for_each_variant_with_stats_and_skips(make_cfg):
+    sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor,pt2_cg]")
+    recs = _by_variant(sweep.store)
+    assert set(recs) == {"eager", "inductor", "pt2_cg"}
+    for name in (["eager", "inductor", "pt2_cg"] if CUDA else ["eager", "inductor"]):
+        r = recs[name]
+        assert r.status == "ok", r.reason
+        assert r.numerics.passed
+        assert [len(x) for x in r.iter_ms] == [3, 3]
+        assert r.median_ms == stats.median(stats.flatten(r.iter_ms))
+        assert r.p25_ms <= r.median_ms <= r.p75_ms
+        assert len(r.launch_us) == 2 and all(x > 0 for x in r.launch_us)
+        assert r.compile_s > 0 and r.kernels.iters == 2
+        assert r.env["torch"] == torch.__version__ and r.env["git_commit"]
+        assert r.batch == 8 and r.size == "tiny"
+    eager, inductor = recs["eager"], recs["inductor"]
+    assert eager.baseline == "inductor"
+    assert eager.round_ratios == stats.round_ratios(eager.iter_ms, inductor.iter_ms)
+    assert inductor.baseline is None and inductor.round_ratios is None
+    assert eager.session == inductor.session
+    if not CUDA:
+        assert recs["pt2_cg"].status == "skipped" and "needs CUDA" in recs["pt2_cg"].reason
+
+
+def test_resume_skips_final_records_and_retries_the_rest(make_cfg):
+    overrides = ["workload=[mlp,eos_chain]", "workload.mlp.size=tiny", "workload.eos_chain.size=tiny",
+                 "variant=[eager]"]
+    store = _sweep(make_cfg, *overrides).store
+    first = store.load()
+    assert [(r.workload, r.status) for r in first] == [("mlp", "ok"), ("eos_chain", "ok")]
+    _sweep(make_cfg, *overrides)  # nothing to do
+    assert store.load() == first
+    # An interrupted run left mlp failed: a resume measures mlp again, and only mlp.
+    failed = dataclasses.replace(first[0], status="failed", reason="interrupted")
+    store.append(failed)
+    _sweep(make_cfg, *overrides)
+    after = store.load()
+    assert after[:3] == first + [failed]
+    assert [(r.workload, r.status) for r in after[3:]] == [("mlp", "ok")]
+    assert {r.status for r in store.latest().values()} == {"ok"}
+    _sweep(make_cfg, *overrides, "force=true")  # force measures everything again
+    assert len(store.load()) == 6
+
+
+def test_shards_split_the_workload_list(make_cfg):
+    base = ["workload=[mlp,eos_chain,cpu_scalar]", "variant=[eager]", "workload.mlp.size=tiny",
+            "workload.eos_chain.size=tiny", "workload.cpu_scalar.size=tiny"]
+    assert [e.name for e in Sweep(make_cfg(*base, "shard=0/2")).entries] == ["mlp", "cpu_scalar"]
+    assert [e.name for e in Sweep(make_cfg(*base, "shard=1/2")).entries] == ["eos_chain"]
+    with pytest.raises(ConfigError, match="shard"):
+        Sweep(make_cfg(*base, "shard=2/2"))
+
+
+def test_wrong_numbers_are_recorded_as_mismatch(make_cfg):
+    sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager]",
+                   "+variant.wrong.compile.backend=tests.helpers:offset_backend")
+    recs = _by_variant(sweep.store)
+    assert recs["eager"].status == "ok"
+    wrong = recs["wrong"]
+    assert wrong.status == "mismatch" and not wrong.numerics.passed
+    assert wrong.numerics.rel_err > wrong.numerics.tolerance and "rel_err" in wrong.reason
+    assert wrong.median_ms is not None  # measured all the same
+
+
+def test_a_dying_variant_is_a_failed_record_and_the_others_go_on(make_cfg):
+    sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager]",
+                   "+variant.dies.compile.backend=tests.helpers:dying_backend")
+    recs = _by_variant(sweep.store)
+    assert recs["dies"].status == "failed" and "exit code 3" in recs["dies"].reason
+    assert recs["eager"].status == "ok"
+
+
+def test_unsupported_mode_is_a_config_error(make_cfg):
+    with pytest.raises(ConfigError, match="no train mode"):
+        Sweep(make_cfg("workload=[eos_chain]", "workload.eos_chain.mode=train"))
+
+
+def test_budget_stops_before_the_next_workload(make_cfg):
+    sweep = _sweep(make_cfg, "workload=[mlp,eos_chain]", "workload.mlp.size=tiny", "workload.eos_chain.size=tiny",
+                   "variant=[eager]", "budget_s=0")
+    assert [r.workload for r in sweep.store.load()] == ["mlp"]
