@@ -1,0 +1,1 @@
+"""The reproduction harness: workloads, variants, measurement, records and figures."""
