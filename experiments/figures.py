@@ -72,10 +72,16 @@ def speedups(df: pd.DataFrame, variants: Sequence[str]) -> pd.DataFrame:
 
 
 def with_geomean(table: pd.DataFrame) -> pd.DataFrame:
-    """Append a geomean row over the workloads where every column has a value."""
+    """Append a geomean row: over the workloads where every column has a value; where that leaves none
+    (a variant not measured yet), each column over its own workloads, with the counts in the label."""
     complete = table.dropna()
-    row = {c: stats.geomean(complete[c].tolist()) if len(complete) else np.nan for c in table.columns}
-    return pd.concat([table, pd.DataFrame(row, index=[f"{GEOMEAN} (n={len(complete)})"])])
+    if len(complete):
+        row, label = {c: stats.geomean(complete[c].tolist()) for c in table.columns}, f"{GEOMEAN} (n={len(complete)})"
+    else:
+        counts = table.notna().sum()
+        row = {c: stats.geomean(table[c].dropna().tolist()) if counts[c] else np.nan for c in table.columns}
+        label = f"{GEOMEAN} (" + ", ".join(f"{c} n={counts[c]}" for c in table.columns) + ")"
+    return pd.concat([table, pd.DataFrame(row, index=[label])])
 
 
 def _save(fig, data: pd.DataFrame, out: Path, name: str) -> Path:

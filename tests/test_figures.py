@@ -36,6 +36,13 @@ def test_speedups_divide_the_baseline_median_and_leave_missing_empty(tmp_path):
         assert (tmp_path / f"fig9.{ext}").stat().st_size > 0
 
 
+def test_geomean_per_variant_when_no_workload_has_them_all():
+    table = figures.with_geomean(figures.speedups(figures.frame(RECORDS), ["pt2_cg", "cgct"]))
+    label = "geomean (pt2_cg n=3, cgct n=0)"
+    assert math.isclose(table.loc[label, "pt2_cg"], (2.0 * 3.0 * 0.5) ** (1 / 3))
+    assert math.isnan(table.loc[label, "cgct"])
+
+
 def test_latest_record_wins():
     newer = rec("a", "grace", 2.0)
     table = figures.speedups(figures.frame(RECORDS + [newer]), ["grace"])
