@@ -1,6 +1,7 @@
 """run.py as a user runs it: bad input gets one line and a non-zero exit, and touches no record."""
 
 import hashlib
+import json
 import subprocess
 import sys
 
@@ -9,9 +10,10 @@ import pytest
 from tests.conftest import REPO
 
 
-def _run(tmp_path, *args):
-    return subprocess.run([sys.executable, "run.py", f"results_dir={tmp_path}", "hydra.run.dir=" + str(tmp_path / "h"),
-                           *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+def _run(tmp_path, *args, multirun=False):
+    return subprocess.run([sys.executable, "run.py", *(["-m"] if multirun else []), f"results_dir={tmp_path}",
+                           "hydra.run.dir=" + str(tmp_path / "h"), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
 
 
 @pytest.fixture
@@ -24,7 +26,7 @@ def recorded(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["experiment=smoke", "workload=[mlp,nope]"], "error: unknown workload 'nope' (known: cpu_scalar, eos_chain,"),
-    (["-m", "experiment=smoke", "variant=eager,nope"], "error: unknown variant 'nope' (known: eager,"),
+    (["experiment=smoke", "variant=eager,nope"], "error: unknown variant 'nope' (known: eager,"),
     (["experiment=smoke", "workload=[mlp]", "workload.mlp.name=nope"], "error: workload 'mlp': unknown workload 'nope'"),
     (["experiment=smoke", "workload=[eos_chain]", "workload.eos_chain.mode=train"], "no train mode"),
     (["experiment=smoke", "shard=3"], "error: shard must be"),
@@ -47,3 +49,12 @@ def test_main_job_writes_records_and_a_figure(tmp_path):
     assert (device_dirs[0] / "records.jsonl").read_text().count("\n") == 2
     assert (device_dirs[0] / "speedup.png").stat().st_size > 0
     assert (device_dirs[0] / "speedup.csv").exists()
+
+
+def test_multirun_sweeps_one_job_per_combination(tmp_path):
+    proc = _run(tmp_path, "experiment=smoke", "workload=mlp,eos_chain", "variant=eager", "measure.rounds=1",
+                "measure.iters=2", "measure.warmup=1", "measure.profile_iters=1", "figure=false",
+                f"hydra.sweep.dir={tmp_path / 'm'}", multirun=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = next((tmp_path / "smoke").iterdir()).joinpath("records.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["workload"] for line in lines) == ["eos_chain", "mlp"]
