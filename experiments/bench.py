@@ -19,6 +19,7 @@ from experiments.records import KernelStats, Numerics
 from experiments.task import Task
 from experiments.timing import launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
+from grace.torch_adapter import collect_cudagraph_skip_reasons, cudagraph_skips
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,13 @@ class Spec:
 
 
 @dataclass(frozen=True)
+class Diagnostics:
+    peak_mem_mb: float | None
+    cudagraph_skips: int
+    cudagraph_skip_reasons: list[str]
+
+
+@dataclass(frozen=True)
 class Setup:
     batch: int
     compile_s: float
@@ -49,6 +57,7 @@ class Bench:
         self.device = torch.device(spec.device)
         self.task: Task | None = None
         self.fn = None
+        self._skip_reasons = collect_cudagraph_skip_reasons()  # a Bench lives in a worker process of its own
 
     def _step(self) -> Any:
         return self.task.step(self.fn)
@@ -85,7 +94,6 @@ class Bench:
     def profile(self, iters: int) -> KernelStats:
         return profile_iterations(self._step, iters, self.device)
 
-    def peak_mem_mb(self) -> float | None:
-        if self.device.type != "cuda":
-            return None
-        return torch.cuda.max_memory_allocated(self.device) / 2**20
+    def diagnostics(self) -> Diagnostics:
+        peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
+        return Diagnostics(peak, cudagraph_skips(), list(dict.fromkeys(self._skip_reasons)))

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from experiments import stats  # noqa: E402
+from experiments import stats, workloads  # noqa: E402
 from experiments.records import Record  # noqa: E402
 
 KEY = ["workload", "mode", "batch", "size", "variant", "run"]
@@ -43,17 +43,27 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
             "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
             "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None,
-            "rel_err": r.numerics.rel_err if r.numerics else None, "gpu": r.env.get("gpu"), "date": r.env.get("date"),
+            "rel_err": r.numerics.rel_err if r.numerics else None, "cudagraph_skips": r.cudagraph_skips,
+            "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons), "gpu": r.env.get("gpu"),
+            "date": r.env.get("date"),
         })
     df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
-                                           "gpu", "date"])
+                                           "cudagraph_skips", "cudagraph_skip_reasons", "gpu", "date"])
     df = df.drop_duplicates(subset=KEY, keep="last")
     df["label"] = df.apply(_label, axis=1)
     return df
 
 
 def _label(row) -> str:
+    """The paper's acronym where the record is that workload as the paper ran it, else a description."""
+    try:
+        cls = workloads.get(row["workload"])
+    except workloads.UnknownWorkload:
+        cls = None
+    acronym = cls.acronyms.get(row["mode"]) if cls else None
+    if acronym and row["size"] == "full" and row["batch"] == cls.batch_sizes[row["mode"]]:
+        return acronym
     tiny = " tiny" if row["size"] == "tiny" else ""
     return f"{row['workload']} {row['mode']} b{row['batch']}{tiny}"
 
@@ -163,6 +173,35 @@ def copy_bytes_table(records: Iterable[Record], out: Path,
                          lambda v: f"{v:,.0f}")
 
 
+def shortfall_table(records: Iterable[Record], out: Path) -> Path:
+    """Where stock CUDA graphs (pt2_cg) fall short, per workload: graphs per iteration, share of kernels
+    in graphs, Inductor's skip reasons, bytes copied into graph inputs, and time against `inductor`.
+    Written as CSV and as markdown (pt2_cg_shortfall.md), for the README."""
+    df = frame(records)
+    ok = df[df["status"] == "ok"]
+    cg = ok[ok["variant"] == "pt2_cg"].set_index("label")
+    base = ok[ok["variant"] == BASELINE].set_index("label")["median_ms"]
+    table = pd.DataFrame({
+        "graphs/iter": cg["graphs"],
+        "kernels in graphs %": 100 * cg["kernels_in_graphs_share"],
+        "bytes copied/iter": cg["graph_input_copy_bytes"],
+        "pt2_cg / inductor time": cg["median_ms"] / base.reindex(cg.index),
+        "cudagraph skips": cg["cudagraph_skips"],
+        "skip reasons": cg["cudagraph_skip_reasons"],
+    }).sort_index()
+    table["slower than inductor"] = table["pt2_cg / inductor time"] > 1.0
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "pt2_cg_shortfall.csv", index_label="workload")
+    lines = ["| workload | " + " | ".join(table.columns) + " |", "|---" * (len(table.columns) + 1) + "|"]
+    for label, row in table.iterrows():
+        cells = [("" if pd.isna(v) else f"{v:,.0f}" if "bytes" in col else f"{v:.3g}" if isinstance(v, float) else str(v))
+                 for col, v in row.items()]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    path = out / "pt2_cg_shortfall.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
     return [
         speedup_figure(records, out, ["pt2_cg", "grace"], "fig9_speedup", "Fig 9: speedup over PyTorch2 without CUDA Graphs"),
@@ -170,4 +209,5 @@ def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
                        overlay="pt2_cg"),
         coverage_table(records, out),
         copy_bytes_table(records, out),
+        shortfall_table(records, out),
     ]

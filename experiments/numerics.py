@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from experiments.records import Numerics
+from grace.torch_adapter import pytree
 
 
 def _split(tree: Any) -> tuple[Any, list[torch.Tensor], list[Any]]:

@@ -4,44 +4,27 @@
 - Kernels inside CUDA graphs: CUPTI gives a kernel replayed from a graph the correlation id of the
   cudaGraphLaunch that replayed it; kernels launched one by one carry their own launch's id.
 - Bytes copied into graph inputs: stock CUDA graph trees copy every non-static input into the graph's
-  placeholder with one torch._foreach_copy_ per replay (torch/_inductor/cudagraph_trees.py), and so does
-  GraCE's runtime; during profiling that function is wrapped to add up the bytes it writes.
+  placeholder with one torch._foreach_copy_ per replay, and so does GraCE's runtime; during profiling
+  that function is wrapped to add up the bytes it writes (grace.torch_adapter).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from experiments.records import KernelStats
+from grace.torch_adapter import count_graph_input_copies
 from experiments.timing import synchronize
 
 _DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 _GRAPH_LAUNCHES = {"cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"}
-
-
-@contextlib.contextmanager
-def count_graph_input_copies() -> Iterator[list[int]]:
-    """Within the block, torch._foreach_copy_ adds the bytes it writes to the yielded one-item list."""
-    original = torch._foreach_copy_
-    total = [0]
-
-    def counting(dsts, srcs, *args, **kwargs):
-        total[0] += sum(d.numel() * d.element_size() for d in dsts)
-        return original(dsts, srcs, *args, **kwargs)
-
-    torch._foreach_copy_ = counting
-    try:
-        yield total
-    finally:
-        torch._foreach_copy_ = original
 
 
 def kernel_stats(events: Iterable[dict], iters: int, copy_bytes: int, cuda: bool) -> KernelStats:

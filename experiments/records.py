@@ -72,6 +72,8 @@ class Record:
     sm_clock_mhz: list[float | None] = field(default_factory=list)  # SM clock after each round
     kernels: KernelStats | None = None
     peak_mem_mb: float | None = None
+    cudagraph_skips: int | None = None  # times Inductor decided against CUDA graphs (its own counter)
+    cudagraph_skip_reasons: list[str] = field(default_factory=list)  # what it logged, each reason once
     numerics: Numerics | None = None
     env: dict[str, Any] = field(default_factory=dict)
 

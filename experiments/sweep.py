@@ -147,12 +147,12 @@ class Sweep:
             for name, (v, worker, setup) in workers.items():
                 try:
                     kernels = worker.call("profile", m.profile_iters)
-                    peak = worker.call("peak_mem_mb")
+                    diagnostics = worker.call("diagnostics")
                 except WorkerError as e:
                     self._unmeasured(entry, run, v, "failed", str(e))
                     continue
                 self.store.append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds,
-                                                 kernels=kernels, peak_mem_mb=peak))
+                                                 kernels=kernels, **asdict(diagnostics)))
         finally:
             for _, worker, _ in workers.values():
                 worker.close()

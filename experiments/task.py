@@ -1,7 +1,8 @@
 """A workload made ready to run in one mode: model and inputs in place, and the step that mode means.
 
 eval:  one forward pass under inference mode, model and floating inputs cast to the workload's eval dtype.
-train: one full step under bfloat16 autocast: zero grads, forward, loss, backward, optimizer step.
+train: one full step under autocast to the workload's train dtype (bfloat16 unless it says why not):
+       zero grads, forward, loss, backward, optimizer step.
 """
 
 from __future__ import annotations
@@ -10,11 +11,9 @@ import copy
 from typing import Any, Callable
 
 import torch
-from torch.utils import _pytree as pytree
 
 from experiments.workloads import Workload
-
-TRAIN_AUTOCAST_DTYPE = torch.bfloat16
+from grace.torch_adapter import pytree
 
 
 def _cast(x: Any, dtype: torch.dtype) -> Any:
@@ -25,32 +24,40 @@ def _detached_clone(tree: Any) -> Any:
     return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
 
 
+def _call(fn: Callable, inputs: Any) -> Any:
+    return fn(**inputs) if isinstance(inputs, dict) else fn(*inputs)
+
+
 class Task:
     def __init__(self, workload: Workload, seed: int):
         self.workload = workload
         self.mode = workload.mode
         torch.manual_seed(seed)
         model, inputs = workload.build()
+        self.input_sets = inputs if workload.varying_inputs else [inputs]  # step i takes set i mod len
+        self.calls = 0
         if self.mode == "eval":
             self.compute_dtype = workload.eval_dtype
             self.model = model.eval().to(self.compute_dtype)
-            self.inputs = pytree.tree_map(lambda x: _cast(x, self.compute_dtype), inputs)
+            self.input_sets = pytree.tree_map(lambda x: _cast(x, self.compute_dtype), self.input_sets)
             self.optimizer = None
         else:
-            self.compute_dtype = TRAIN_AUTOCAST_DTYPE
+            self.compute_dtype = workload.train_dtype
             self.model = model.train()
-            self.inputs = inputs
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
 
     def step(self, fn: Callable) -> Any:
         """One iteration through `fn` (the model itself, or a compiled version of it)."""
         torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
+        inputs = self.input_sets[self.calls % len(self.input_sets)]
+        self.calls += 1
         if self.optimizer is None:
             with torch.inference_mode():
-                return fn(*self.inputs)
+                return _call(fn, inputs)
         self.optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(self.workload.device.type, dtype=self.compute_dtype):
-            loss = self.workload.loss(fn(*self.inputs))
+        with torch.autocast(self.workload.device.type, dtype=self.compute_dtype,
+                            enabled=self.compute_dtype != torch.float32):
+            loss = self.workload.loss(_call(fn, inputs))
         loss.backward()
         self.optimizer.step()
         return loss.detach()
@@ -64,13 +71,16 @@ class Task:
         return out.clone(), [_detached_clone(p.grad) for p in self.model.parameters()]
 
     def twin(self, dtype: torch.dtype | None = None) -> Task:
-        """An independent eager copy in the same state (weights, optimizer state), on the same inputs;
-        with `dtype`, model, floating inputs and optimizer state cast to it (float64: the reference)."""
+        """An independent eager copy in the same state (weights, optimizer state, inputs, which a workload
+        may mutate, and the position in its input sets); with `dtype`, model, floating inputs and
+        optimizer state cast to it (float64: the reference)."""
         twin = copy.copy(self)
         twin.model = copy.deepcopy(self.model)
+        twin.input_sets = pytree.tree_map(
+            lambda x: _cast(x, dtype) if dtype is not None else x.clone() if isinstance(x, torch.Tensor) else x,
+            self.input_sets)
         if dtype is not None:
             twin.model.to(dtype)
-            twin.inputs = pytree.tree_map(lambda x: _cast(x, dtype), self.inputs)
         if self.optimizer is not None:
             twin.optimizer = type(self.optimizer)(twin.model.parameters(), **self.optimizer.defaults)
             # load_state_dict casts the state to each parameter's dtype; the deep copy keeps it unshared

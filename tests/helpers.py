@@ -2,7 +2,7 @@
 
 import os
 
-from torch.utils import _pytree as pytree
+from grace.torch_adapter import pytree
 
 
 def offset_backend(gm, example_inputs):

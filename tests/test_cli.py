@@ -25,10 +25,10 @@ def recorded(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["experiment=smoke", "workload=[mlp,nope]"], "error: unknown workload 'nope' (known: cpu_scalar, eos_chain,"),
+    (["experiment=smoke", "workload=[mlp,nope]"], "error: unknown workload 'nope' (known: ALNET, BERT,"),
     (["experiment=smoke", "variant=eager,nope"], "error: unknown variant 'nope' (known: eager,"),
     (["experiment=smoke", "workload=[mlp]", "workload.mlp.name=nope"], "error: workload 'mlp': unknown workload 'nope'"),
-    (["experiment=smoke", "workload=[eos_chain]", "workload.eos_chain.mode=train"], "no train mode"),
+    (["experiment=smoke", "workload=[EOS]", "workload.EOS.mode=train"], "no train mode"),
     (["experiment=smoke", "shard=3"], "error: shard must be"),
 ])
 def test_bad_input(tmp_path, recorded, args, message):
@@ -52,7 +52,7 @@ def test_main_job_writes_records_and_a_figure(tmp_path):
 
 
 def test_multirun_sweeps_one_job_per_combination(tmp_path):
-    proc = _run(tmp_path, "experiment=smoke", "workload=mlp,eos_chain", "variant=eager", "measure.rounds=1",
+    proc = _run(tmp_path, "experiment=smoke", "workload=mlp,EOS", "variant=eager", "measure.rounds=1",
                 "measure.iters=2", "measure.warmup=1", "measure.profile_iters=1", "figure=false",
                 f"hydra.sweep.dir={tmp_path / 'm'}", multirun=True)
     assert proc.returncode == 0, proc.stderr

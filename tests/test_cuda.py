@@ -14,16 +14,16 @@ def records(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("results")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"results_dir={out}", *FAST, "workload=[mlp,eos_chain,cpu_scalar]",
-                                           "workload.mlp.size=tiny", "workload.eos_chain.size=tiny",
-                                           "workload.cpu_scalar.size=tiny", "variant=[eager,inductor,pt2_cg]"])
+        cfg = compose("config", overrides=[f"results_dir={out}", *FAST, "workload=[mlp,EOS,cpu_scalar,kv_decode]",
+                                           "workload.mlp.size=tiny", "workload.EOS.size=tiny",
+                                           "workload.cpu_scalar.size=tiny", "workload.kv_decode.size=tiny", "variant=[eager,inductor,pt2_cg]"])
     sweep = Sweep(cfg)
     sweep.run()
     return {(r.workload, r.variant): r for r in sweep.store.load()}
 
 
 def test_every_variant_ok_and_right(records):
-    assert len(records) == 9
+    assert len(records) == 12
     for (w, v), r in records.items():
         assert r.status == "ok", (w, v, r.reason)
         assert r.numerics.passed
@@ -46,3 +46,9 @@ def test_no_graphs_without_cuda_graphs(records, variant):
     for w in ("mlp", "eos_chain"):
         k = records[w, variant].kernels
         assert k.graphs == 0 and k.kernels_in_graphs_share == 0 and k.graph_input_copy_bytes == 0
+
+
+def test_stock_skips_a_function_that_mutates_its_input_and_says_why(records):
+    r = records["kv_decode", "pt2_cg"]
+    assert r.kernels.graphs == 0
+    assert r.cudagraph_skips >= 1 and any("mutat" in reason for reason in r.cudagraph_skip_reasons), r.cudagraph_skip_reasons

@@ -68,3 +68,20 @@ def test_make_figures_script(tmp_path):
     assert {p.name for p in out.iterdir()} >= {f"{n}.{e}" for n in ("fig9_speedup", "fig10_ablation", "table2_coverage",
                                                                       "table3_copy_bytes") for e in ("pdf", "png", "csv")}
     assert make_figures.main(["--results", str(tmp_path / "nothing")]) == 2
+
+
+def test_shortfall_table_from_records(tmp_path):
+    figures.shortfall_table(RECORDS, tmp_path)
+    table = pd.read_csv(tmp_path / "pt2_cg_shortfall.csv", index_col="workload")
+    assert table.loc["a eval b1", "pt2_cg / inductor time"] == 0.5
+    assert table.loc["c eval b1", "pt2_cg / inductor time"] == 2.0
+    assert list(table["slower than inductor"]) == [False, False, True]
+    assert table.loc["b eval b1", "bytes copied/iter"] == 128
+    assert "| c eval b1 |" in (tmp_path / "pt2_cg_shortfall.md").read_text()
+
+
+def test_paper_workloads_are_labelled_by_their_acronym():
+    r = rec("xlnet", "inductor", 1.0)
+    assert figures.frame([r])["label"].tolist() == ["XLNET-I"]
+    r.batch = 4  # not the paper's batch: described, not named
+    assert figures.frame([r])["label"].tolist() == ["xlnet eval b4"]

@@ -1,6 +1,7 @@
 import torch
 
-from experiments.profiling import count_graph_input_copies, kernel_stats
+from experiments.profiling import kernel_stats
+from grace.torch_adapter import count_graph_input_copies
 
 
 def _ev(cat, name, corr, dur=0.0):
@@ -41,3 +42,15 @@ def test_input_copies_are_counted_in_bytes_and_restored():
     assert copied[0] == 2 * 16 * 4 + 3 * 2
     assert torch.equal(dst[0], src[0]) and torch.equal(dst[1], src[1])
     assert torch._foreach_copy_ is original
+
+
+def test_cudagraph_skip_reasons_are_collected():
+    import torch._inductor.cudagraph_utils as cudagraph_utils  # only to fake a skip as Inductor logs one
+
+    from grace.torch_adapter import collect_cudagraph_skip_reasons, cudagraph_skips
+
+    reasons = collect_cudagraph_skip_reasons()
+    before = cudagraph_skips()
+    cudagraph_utils.log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to a test")
+    assert reasons == ["skipping cudagraphs due to a test"]
+    assert cudagraph_skips() == before + 1

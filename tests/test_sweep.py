@@ -8,6 +8,7 @@ import torch
 from experiments import stats
 from experiments.records import RecordStore
 from experiments.sweep import ConfigError, Sweep
+from tests.conftest import CONF
 
 CUDA = torch.cuda.is_available()
 
@@ -47,7 +48,7 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
 
 
 def test_resume_skips_final_records_and_retries_the_rest(make_cfg):
-    overrides = ["workload=[mlp,eos_chain]", "workload.mlp.size=tiny", "workload.eos_chain.size=tiny",
+    overrides = ["workload=[mlp,EOS]", "workload.mlp.size=tiny", "workload.EOS.size=tiny",
                  "variant=[eager]"]
     store = _sweep(make_cfg, *overrides).store
     first = store.load()
@@ -67,8 +68,8 @@ def test_resume_skips_final_records_and_retries_the_rest(make_cfg):
 
 
 def test_shards_split_the_workload_list(make_cfg):
-    base = ["workload=[mlp,eos_chain,cpu_scalar]", "variant=[eager]", "workload.mlp.size=tiny",
-            "workload.eos_chain.size=tiny", "workload.cpu_scalar.size=tiny"]
+    base = ["workload=[mlp,EOS,cpu_scalar]", "variant=[eager]", "workload.mlp.size=tiny",
+            "workload.EOS.size=tiny", "workload.cpu_scalar.size=tiny"]
     assert [e.name for e in Sweep(make_cfg(*base, "shard=0/2")).entries] == ["mlp", "cpu_scalar"]
     assert [e.name for e in Sweep(make_cfg(*base, "shard=1/2")).entries] == ["eos_chain"]
     with pytest.raises(ConfigError, match="shard"):
@@ -96,10 +97,16 @@ def test_a_dying_variant_is_a_failed_record_and_the_others_go_on(make_cfg):
 
 def test_unsupported_mode_is_a_config_error(make_cfg):
     with pytest.raises(ConfigError, match="no train mode"):
-        Sweep(make_cfg("workload=[eos_chain]", "workload.eos_chain.mode=train"))
+        Sweep(make_cfg("workload=[EOS]", "workload.EOS.mode=train"))
 
 
 def test_budget_stops_before_the_next_workload(make_cfg):
-    sweep = _sweep(make_cfg, "workload=[mlp,eos_chain]", "workload.mlp.size=tiny", "workload.eos_chain.size=tiny",
+    sweep = _sweep(make_cfg, "workload=[mlp,EOS]", "workload.mlp.size=tiny", "workload.EOS.size=tiny",
                    "variant=[eager]", "budget_s=0")
     assert [r.workload for r in sweep.store.load()] == ["mlp"]
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+def test_every_experiment_composes_and_names_valid_workloads(make_cfg, experiment):
+    sweep = Sweep(make_cfg(f"experiment={experiment}"))
+    assert sweep.entries and sweep.variants

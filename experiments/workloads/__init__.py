@@ -4,7 +4,7 @@ subclass of `Workload` that declares its default batch size per mode as data and
 
 The harness owns what a mode means (see experiments/task.py): `eval` is one forward pass in the
 workload's eval dtype (bfloat16 unless the workload says why not) under inference mode; `train` is one
-full step (forward, backward, optimizer step) under bfloat16 autocast.
+full step (forward, backward, optimizer step) under bfloat16 autocast (unless the workload says why not).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
+
+from grace.torch_adapter import pytree
 
 MODES = ("eval", "train")
 SIZES = ("full", "tiny")  # tiny: the same code path with small dims, for CPU tests
@@ -30,7 +31,10 @@ class Workload(abc.ABC):
     name: ClassVar[str]
     batch_sizes: ClassVar[dict[str, int]]  # default batch per supported mode; a mode not here is unsupported
     eval_dtype: ClassVar[torch.dtype] = torch.bfloat16
-    origin: ClassVar[str]  # what the model is and where its code comes from
+    train_dtype: ClassVar[torch.dtype] = torch.bfloat16  # autocast dtype of train steps; float32: no autocast
+    origin: ClassVar[str]  # what the model is and where its code comes from (a substitute says why)
+    acronyms: ClassVar[dict[str, str]] = {}  # mode -> the paper's name for this workload in that mode
+    varying_inputs: ClassVar[bool] = False  # build() returns a list of input sets, taken in turn
 
     def __init__(self, mode: str, batch: int | None = None, size: str = "full", device: str = "cpu"):
         if mode not in MODES:
@@ -49,8 +53,9 @@ class Workload(abc.ABC):
         return self.size == "tiny"
 
     @abc.abstractmethod
-    def build(self) -> tuple[nn.Module, tuple[Any, ...]]:
-        """The module and example inputs, on self.device, in float32 (the harness casts for eval)."""
+    def build(self) -> tuple[nn.Module, Any]:
+        """The module and example inputs (a tuple of positional or a dict of keyword arguments; a list
+        of them with varying_inputs), on self.device, in float32 (the harness casts for eval)."""
 
     def loss(self, output: Any) -> torch.Tensor:
         """Scalar to train on: by default the mean of every floating tensor in the output."""

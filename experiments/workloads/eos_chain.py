@@ -20,9 +20,10 @@ class _Chain(nn.Module):
 
 class Model(Workload):
     name = "eos_chain"
+    acronyms = {"eval": "EOS"}
     batch_sizes = {"eval": 1_048_576}  # elements per input; there are no weights to train
     eval_dtype = torch.float32  # ocean-model kernels are run in float32 or float64, never in bfloat16
-    origin = "in-house, after pyhpc-benchmarks' equation_of_state"
+    origin = "in-house, after pyhpc-benchmarks' equation_of_state (TorchBench's pyhpc_equation_of_state)"
 
     def build(self):
         n = 4096 if self.tiny else self.batch
