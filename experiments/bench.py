@@ -19,7 +19,7 @@ from experiments.records import KernelStats, Numerics
 from experiments.task import Task
 from experiments.timing import launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
-from grace.torch_adapter import collect_cudagraph_skip_reasons, cudagraph_skips
+from grace.torch_adapter import collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class Diagnostics:
     peak_mem_mb: float | None
     cudagraph_skips: int
     cudagraph_skip_reasons: list[str]
+    graph_breaks: int
+    unique_graphs: int
 
 
 @dataclass(frozen=True)
@@ -96,4 +98,4 @@ class Bench:
 
     def diagnostics(self) -> Diagnostics:
         peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
-        return Diagnostics(peak, cudagraph_skips(), list(dict.fromkeys(self._skip_reasons)))
+        return Diagnostics(peak, cudagraph_skips(), list(dict.fromkeys(self._skip_reasons)), **dynamo_stats())

@@ -43,13 +43,13 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
             "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
             "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None,
-            "rel_err": r.numerics.rel_err if r.numerics else None, "cudagraph_skips": r.cudagraph_skips,
+            "rel_err": r.numerics.rel_err if r.numerics else None, "cudagraph_skips": r.cudagraph_skips, "graph_breaks": r.graph_breaks,
             "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons), "gpu": r.env.get("gpu"),
             "date": r.env.get("date"),
         })
     df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
-                                           "cudagraph_skips", "cudagraph_skip_reasons", "gpu", "date"])
+                                           "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "gpu", "date"])
     df = df.drop_duplicates(subset=KEY, keep="last")
     df["label"] = df.apply(_label, axis=1)
     return df
@@ -186,6 +186,7 @@ def shortfall_table(records: Iterable[Record], out: Path) -> Path:
         "kernels in graphs %": 100 * cg["kernels_in_graphs_share"],
         "bytes copied/iter": cg["graph_input_copy_bytes"],
         "pt2_cg / inductor time": cg["median_ms"] / base.reindex(cg.index),
+        "graph breaks": cg["graph_breaks"],
         "cudagraph skips": cg["cudagraph_skips"],
         "skip reasons": cg["cudagraph_skip_reasons"],
     }).sort_index()

@@ -74,6 +74,8 @@ class Record:
     peak_mem_mb: float | None = None
     cudagraph_skips: int | None = None  # times Inductor decided against CUDA graphs (its own counter)
     cudagraph_skip_reasons: list[str] = field(default_factory=list)  # what it logged, each reason once
+    graph_breaks: int | None = None  # Dynamo's graph breaks while compiling
+    unique_graphs: int | None = None  # distinct graphs Dynamo compiled (recompilations included)
     numerics: Numerics | None = None
     env: dict[str, Any] = field(default_factory=dict)
 

@@ -20,6 +20,12 @@ def cudagraph_skips() -> int:
     return _counters["inductor"]["cudagraph_skips"]
 
 
+def dynamo_stats() -> dict[str, int]:
+    """Graph breaks and distinct graphs compiled by Dynamo in this process."""
+    return {"graph_breaks": sum(_counters["graph_break"].values()),
+            "unique_graphs": _counters["stats"]["unique_graphs"]}
+
+
 class _Collect(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
@@ -31,9 +37,10 @@ class _Collect(logging.Handler):
 
 def collect_cudagraph_skip_reasons() -> list[str]:
     """From now on, for the life of the process, the reasons Inductor logs for not using CUDA graphs
-    ("skipping cudagraphs due to ..." on the `cudagraphs` log artifact) are appended to the list returned."""
+    ("skipping cudagraphs due to ..." at WARNING on the `cudagraphs` log artifact) are appended to the
+    list returned. The artifact stays off (torch._logging.set_logs would print all of its verbose
+    partition logging): the handler sits on the one logger that reports skips."""
     handler = _Collect()
-    torch._logging.set_logs(cudagraphs=True)
     _cudagraph_utils.cudagraphs_log.addHandler(handler)
     return handler.messages
 
