@@ -77,6 +77,7 @@ class Record:
     graph_breaks: int | None = None  # Dynamo's graph breaks while compiling
     unique_graphs: int | None = None  # distinct graphs Dynamo compiled (recompilations included)
     numerics: Numerics | None = None
+    measure: dict[str, Any] = field(default_factory=dict)  # the measurement settings (conf/measure)
     env: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):

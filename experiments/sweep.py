@@ -108,29 +108,39 @@ class Sweep:
     def _record(self, entry: Entry, run: int, variant: Variant, status: str, **fields) -> Record:
         return Record(experiment=self.cfg.experiment_name, session=self.session, run=run, workload=entry.name,
                       mode=entry.mode, batch=entry.batch, size=entry.size, variant=variant.name, status=status,
-                      env=asdict(self.env), **fields)
+                      measure=OmegaConf.to_container(self.measure), env=asdict(self.env), **fields)
 
     def _unmeasured(self, entry: Entry, run: int, variant: Variant, status: str, reason: str) -> None:
         log.warning("%s / %s: %s: %s", entry.name, variant.name, status, reason)
         self.store.append(self._record(entry, run, variant, status, reason=reason))
 
+    def _spec(self, entry: Entry, variant: Variant) -> Spec:
+        m = self.measure
+        return Spec(entry.name, entry.mode, entry.batch, entry.size, variant, self.env.device, m.seed, m.warmup,
+                    OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier)
+
     def _measure(self, entry: Entry, run: int, variants: list[Variant]) -> None:
         m = self.measure
         workers: dict[str, tuple[Variant, Worker, Setup]] = {}
         try:
+            available = []
             for v in variants:
                 reason = v.unavailable_reason(self.env.device)
                 if reason:
                     self._unmeasured(entry, run, v, "skipped", reason)
-                    continue
-                spec = Spec(entry.name, entry.mode, entry.batch, entry.size, v, self.env.device, m.seed, m.warmup,
-                            OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier)
-                worker = Worker(spec, m.timeout_s)
-                try:
-                    workers[v.name] = (v, worker, worker.call("setup"))
-                except WorkerError as e:
-                    worker.close()
-                    self._unmeasured(entry, run, v, "failed", str(e))
+                else:
+                    available.append(v)
+            # One after another, so that compile latencies do not overlap; or all at once, to save time.
+            for group in [available] if m.parallel_setup else [[v] for v in available]:
+                started = [(v, Worker(self._spec(entry, v), m.timeout_s)) for v in group]
+                for _, worker in started:
+                    worker.request("setup")
+                for v, worker in started:
+                    try:
+                        workers[v.name] = (v, worker, worker.reply())
+                    except WorkerError as e:
+                        worker.close()
+                        self._unmeasured(entry, run, v, "failed", str(e))
             rounds: dict[str, list] = {name: [] for name in workers}
             for r in range(m.rounds):
                 names = list(workers)  # rotated each round: no variant always runs first

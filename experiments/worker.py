@@ -47,9 +47,17 @@ class Worker:
         child.close()
         self.timeout_s = timeout_s
 
-    def call(self, method: str, *args: Any) -> Any:
+    def request(self, method: str, *args: Any) -> None:
+        """Ask the worker to run `method`; reply() waits for the answer."""
+        self._method = method
         try:
             self._conn.send((method, args))
+        except OSError:
+            pass  # a dead worker: reply() says so
+
+    def reply(self) -> Any:
+        method = self._method
+        try:
             if not self._conn.poll(self.timeout_s):
                 self.close()
                 raise WorkerError(f"{method}: no answer within {self.timeout_s:.0f} s")
@@ -60,6 +68,10 @@ class Worker:
         if status == "error":
             raise WorkerError(value)
         return value
+
+    def call(self, method: str, *args: Any) -> Any:
+        self.request(method, *args)
+        return self.reply()
 
     def close(self) -> None:
         if self._proc.is_alive():

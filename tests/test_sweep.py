@@ -111,3 +111,12 @@ def test_budget_stops_before_the_next_workload(make_cfg):
 def test_every_experiment_composes_and_names_valid_workloads(make_cfg, experiment):
     sweep = Sweep(make_cfg(f"experiment={experiment}"))
     assert sweep.entries and sweep.variants
+
+
+def test_parallel_setup_measures_the_same_variants(make_cfg):
+    sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
+                   "measure.parallel_setup=true")
+    recs = _by_variant(sweep.store)
+    assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok"}
+    assert recs["eager"].measure["parallel_setup"] is True
+    assert recs["eager"].round_ratios == stats.round_ratios(recs["eager"].iter_ms, recs["inductor"].iter_ms)
