@@ -46,6 +46,13 @@ class Diagnostics:
 
 
 @dataclass(frozen=True)
+class Round:
+    times_ms: list[float]  # wall time of each timed iteration
+    launch_us: float  # the host's launch cost right after them
+    sm_clock_mhz: float | None  # and the SM clock
+
+
+@dataclass(frozen=True)
 class Setup:
     batch: int
     compile_s: float
@@ -86,12 +93,12 @@ class Bench:
         del eager, ref
         return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
 
-    def time_round(self, iters: int, launches: int) -> tuple[list[float], float, float | None]:
-        """Per-iteration milliseconds, then the launch cost and SM clock right after them. One untimed
-        step first: a process that sat idle while others ran pays for cold caches on its next call."""
+    def time_round(self, iters: int, launches: int) -> Round:
+        """One untimed step first: a process that sat idle while others ran pays for cold caches on its
+        next call."""
         self._step()
         times = time_iterations(self._step, iters, self.device)
-        return times, launch_cost_us(self.device, launches), sm_clock_mhz(self.device)
+        return Round(times, launch_cost_us(self.device, launches), sm_clock_mhz(self.device))
 
     def profile(self, iters: int) -> KernelStats:
         return profile_iterations(self._step, iters, self.device)

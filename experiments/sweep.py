@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from experiments import environment, stats, workloads
-from experiments.bench import Setup, Spec
+from experiments.bench import Round, Setup, Spec
 from experiments.records import Record, RecordStore, key
 from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
@@ -121,38 +121,17 @@ class Sweep:
 
     def _measure(self, entry: Entry, run: int, variants: list[Variant]) -> None:
         m = self.measure
+        available = []
+        for v in variants:
+            reason = v.unavailable_reason(self.env.device)
+            if reason:
+                self._unmeasured(entry, run, v, "skipped", reason)
+            else:
+                available.append(v)
         workers: dict[str, tuple[Variant, Worker, Setup]] = {}
         try:
-            available = []
-            for v in variants:
-                reason = v.unavailable_reason(self.env.device)
-                if reason:
-                    self._unmeasured(entry, run, v, "skipped", reason)
-                else:
-                    available.append(v)
-            # One after another, so that compile latencies do not overlap; or all at once, to save time.
-            for group in [available] if m.parallel_setup else [[v] for v in available]:
-                started = [(v, Worker(self._spec(entry, v), m.timeout_s)) for v in group]
-                for _, worker in started:
-                    worker.request("setup")
-                for v, worker in started:
-                    try:
-                        workers[v.name] = (v, worker, worker.reply())
-                    except WorkerError as e:
-                        worker.close()
-                        self._unmeasured(entry, run, v, "failed", str(e))
-            rounds: dict[str, list] = {name: [] for name in workers}
-            for r in range(m.rounds):
-                names = list(workers)  # rotated each round: no variant always runs first
-                for i in range(len(names)):
-                    name = names[(r + i) % len(names)]
-                    v, worker, _ = workers[name]
-                    try:
-                        rounds[name].append(worker.call("time_round", m.iters, m.launch_calibration))
-                    except WorkerError as e:
-                        del workers[name]
-                        worker.close()
-                        self._unmeasured(entry, run, v, "failed", str(e))
+            self._set_up(entry, run, available, workers)
+            rounds = self._time_rounds(entry, run, workers)
             baseline_rounds = rounds[self.cfg.baseline] if self.cfg.baseline in workers else None
             for name, (v, worker, setup) in workers.items():
                 try:
@@ -167,9 +146,41 @@ class Sweep:
             for _, worker, _ in workers.values():
                 worker.close()
 
-    def _measured(self, entry: Entry, run: int, v: Variant, setup: Setup, rounds: list, baseline_rounds: list | None,
-                  **fields) -> Record:
-        iter_ms = [r[0] for r in rounds]
+    def _set_up(self, entry: Entry, run: int, variants: list[Variant], workers: dict) -> None:
+        """Start a worker per variant and set it up, adding those that succeed to `workers`: one after
+        another, so that compile latencies do not overlap, or all at once (measure.parallel_setup)."""
+        m = self.measure
+        for group in [variants] if m.parallel_setup else [[v] for v in variants]:
+            started = [(v, Worker(self._spec(entry, v), m.timeout_s)) for v in group]
+            for _, worker in started:
+                worker.request("setup")
+            for v, worker in started:
+                try:
+                    workers[v.name] = (v, worker, worker.reply())
+                except WorkerError as e:
+                    worker.close()
+                    self._unmeasured(entry, run, v, "failed", str(e))
+
+    def _time_rounds(self, entry: Entry, run: int, workers: dict) -> dict[str, list[Round]]:
+        """Interleaved rounds; a worker that fails is recorded, closed and dropped from `workers`."""
+        m = self.measure
+        rounds: dict[str, list[Round]] = {name: [] for name in workers}
+        for r in range(m.rounds):
+            names = list(workers)  # rotated each round: no variant always runs first
+            for i in range(len(names)):
+                name = names[(r + i) % len(names)]
+                v, worker, _ = workers[name]
+                try:
+                    rounds[name].append(worker.call("time_round", m.iters, m.launch_calibration))
+                except WorkerError as e:
+                    del workers[name]
+                    worker.close()
+                    self._unmeasured(entry, run, v, "failed", str(e))
+        return rounds
+
+    def _measured(self, entry: Entry, run: int, v: Variant, setup: Setup, rounds: list[Round],
+                  baseline_rounds: list[Round] | None, **fields) -> Record:
+        iter_ms = [r.times_ms for r in rounds]
         all_ms = stats.flatten(iter_ms)
         p25, p75 = stats.quartiles(all_ms)
         compare_to_baseline = baseline_rounds is not None and v.name != self.cfg.baseline
@@ -184,5 +195,6 @@ class Sweep:
             entry, run, v, status, reason=reason, compile_s=setup.compile_s, warmup_s=setup.warmup_s,
             iter_ms=iter_ms, median_ms=stats.median(all_ms), p25_ms=p25, p75_ms=p75,
             baseline=self.cfg.baseline if compare_to_baseline else None,
-            round_ratios=stats.round_ratios(iter_ms, [r[0] for r in baseline_rounds]) if compare_to_baseline else None,
-            launch_us=[r[1] for r in rounds], sm_clock_mhz=[r[2] for r in rounds], numerics=setup.numerics, **fields)
+            round_ratios=stats.round_ratios(iter_ms, [r.times_ms for r in baseline_rounds]) if compare_to_baseline else None,
+            launch_us=[r.launch_us for r in rounds], sm_clock_mhz=[r.sm_clock_mhz for r in rounds],
+            numerics=setup.numerics, **fields)
