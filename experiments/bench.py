@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from experiments import workloads
-from experiments.numerics import compare
+from experiments.numerics import check
 from experiments.profiling import profile_iterations
 from experiments.records import KernelStats, Numerics
 from experiments.task import Task
@@ -88,8 +88,8 @@ class Bench:
         t2 = time.perf_counter()
         # The twins are copied before the checked step, since a train step changes the state.
         eager, ref = self.task.twin(), self.task.twin(torch.float64)
-        numerics = compare(self.task.observe(self.fn), eager.observe(eager.model), ref.observe(ref.model),
-                           self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
+        numerics = check(self.task.observe(self.fn), eager.observe(eager.model), ref.observe(ref.model),
+                         self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
         del eager, ref
         return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
 

@@ -13,6 +13,7 @@ eager's exactly. NaN, or a different structure or shape, never passes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -48,6 +49,18 @@ def _equal(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu()))
     return type(a) is type(b) and a == b
+
+
+def check(out: Mapping[str, Any], eager: Mapping[str, Any], ref: Mapping[str, Any], dtype: torch.dtype,
+          floors: Mapping[str, float], multiplier: float) -> Numerics:
+    """Each part of an observation (Task.observe) compared on its own; the record keeps the part that
+    came closest to failing (largest rel_err / tolerance), and passes only if every part passes."""
+    results = {part: compare(out[part], eager[part], ref[part], dtype, floors, multiplier) for part in out}
+    part, worst = max(results.items(), key=lambda kv: (not kv[1].passed, kv[1].rel_err / kv[1].tolerance
+                                                       if kv[1].tolerance > 0 else math.inf))
+    failed = [p for p, n in results.items() if not n.passed]
+    detail = "; ".join(filter(None, [worst.detail, f"failed: {', '.join(failed)}" if failed else ""]))
+    return dataclasses.replace(worst, part=part, detail=detail)
 
 
 def compare(out: Any, eager: Any, ref: Any, dtype: torch.dtype, floors: Mapping[str, float],

@@ -34,6 +34,7 @@ class Numerics:
     tolerance: float  # on rel_err: multiplier * eager_rel_err + floor of the compute dtype
     dtype: str  # compute dtype
     detail: str = ""  # what failed, beyond rel_err > tolerance
+    part: str = ""  # the part these numbers are of (outputs | loss | gradients): the one nearest failing
 
 
 @dataclass

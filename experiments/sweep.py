@@ -188,8 +188,8 @@ class Sweep:
         if not setup.numerics.passed:
             status = "mismatch"
             n = setup.numerics
-            reason = n.detail or (f"outputs off: rel_err {n.rel_err:.3g} against float64 > tolerance {n.tolerance:.3g} "
-                                  f"(eager's rel_err {n.eager_rel_err:.3g}, {n.dtype})")
+            reason = (f"{n.part} off: rel_err {n.rel_err:.3g} against float64 > tolerance {n.tolerance:.3g} "
+                      f"(eager's rel_err {n.eager_rel_err:.3g}, {n.dtype})") + (f"; {n.detail}" if n.detail else "")
             log.warning("%s / %s: %s", entry.name, v.name, reason)
         return self._record(
             entry, run, v, status, reason=reason, compile_s=setup.compile_s, warmup_s=setup.warmup_s,

@@ -62,13 +62,14 @@ class Task:
         self.optimizer.step()
         return loss.detach()
 
-    def observe(self, fn: Callable) -> Any:
-        """One step, and a copy of what numerics compares: eval the outputs, train the loss and the
-        gradients that the step applied."""
+    def observe(self, fn: Callable) -> dict[str, Any]:
+        """One step, and copies of what numerics compares, by part: eval the outputs; train the loss and
+        the gradients that the step applied, apart, so that a well-conditioned loss is held to its own
+        tolerance rather than drowned in the gradients'."""
         out = self.step(fn)
         if self.optimizer is None:
-            return _detached_clone(out)
-        return out.clone(), [_detached_clone(p.grad) for p in self.model.parameters()]
+            return {"outputs": _detached_clone(out)}
+        return {"loss": out.clone(), "gradients": [_detached_clone(p.grad) for p in self.model.parameters()]}
 
     def twin(self, dtype: torch.dtype | None = None) -> Task:
         """An independent eager copy in the same state (weights, optimizer state, inputs, which a workload

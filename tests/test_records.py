@@ -17,7 +17,7 @@ def full() -> Record:
                 sm_clock_mhz=[1980.0, None], kernels=KernelStats(10, 0.2, 12.0, 1.0, 1.0, 4096.0), peak_mem_mb=12.0,
                 cudagraph_skips=1, cudagraph_skip_reasons=["skipping cudagraphs due to mutated inputs"],
                 graph_breaks=2, unique_graphs=3,
-                numerics=Numerics(True, 1e-3, 2e-3, 1e-3, 1.3e-2, "bfloat16", "d"),
+                numerics=Numerics(True, 1e-3, 2e-3, 1e-3, 1.3e-2, "bfloat16", "d", "loss"),
                 measure={"rounds": 2, "iters": 3}, env={"gpu": "NVIDIA H200", "torch": "2.11.0", "git_commit": "abc"})
 
 
