@@ -44,12 +44,12 @@ class Entry:
     size: str
 
 
-def _entries(workload_cfg: Mapping[str, Any]) -> list[Entry]:
+def _entries(workload_cfg: Mapping[str, Any], size: str | None) -> list[Entry]:
     entries = []
     for label, w in workload_cfg.items():
         try:
             cls = workloads.get(w["name"])
-            wl = cls(w["mode"], w.get("batch"), w.get("size", "full"))
+            wl = cls(w["mode"], w.get("batch"), size or w.get("size", "full"))
         except (workloads.UnknownWorkload, NotImplementedError, ValueError) as e:
             raise ConfigError(f"workload {label!r}: {e}") from None
         entries.append(Entry(w["name"], wl.mode, wl.batch, wl.size))
@@ -77,7 +77,7 @@ class Sweep:
         self.cfg = cfg
         self.measure = cfg.measure
         self.env = environment.current()
-        self.entries = _shard(_entries(OmegaConf.to_container(cfg.workload)), cfg.shard)
+        self.entries = _shard(_entries(OmegaConf.to_container(cfg.workload), cfg.size), cfg.shard)
         try:
             self.variants = [Variant.from_config(n, OmegaConf.to_container(v)) for n, v in cfg.variant.items()]
         except TypeError as e:

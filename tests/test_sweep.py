@@ -111,6 +111,7 @@ def test_budget_stops_before_the_next_workload(make_cfg):
 def test_every_experiment_composes_and_names_valid_workloads(make_cfg, experiment):
     sweep = Sweep(make_cfg(f"experiment={experiment}"))
     assert sweep.entries and sweep.variants
+    assert {e.size for e in Sweep(make_cfg(f"experiment={experiment}", "size=tiny")).entries} == {"tiny"}
 
 
 def test_parallel_setup_measures_the_same_variants(make_cfg):
