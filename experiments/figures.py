@@ -30,6 +30,7 @@ BASELINE = "inductor"
 LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "PyTorch2-CG", "cgct": "CGCT",
           "pi": "PI", "scg": "SCG", "cgct_pi": "CGCT+PI", "grace": "GraCE"}
 GEOMEAN = "geomean"
+ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date"]
 
 
 def frame(records: Iterable[Record]) -> pd.DataFrame:
@@ -44,12 +45,12 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
             "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None,
             "rel_err": r.numerics.rel_err if r.numerics else None, "cudagraph_skips": r.cudagraph_skips, "graph_breaks": r.graph_breaks,
-            "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons), "gpu": r.env.get("gpu"),
-            "date": r.env.get("date"),
+            "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons),
+            **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
     df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
-                                           "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "gpu", "date"])
+                                           "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", *ENV_COLUMNS])
     df = df.drop_duplicates(subset=KEY, keep="last")
     df["label"] = df.apply(_label, axis=1)
     return df
@@ -173,36 +174,6 @@ def copy_bytes_table(records: Iterable[Record], out: Path,
                          lambda v: f"{v:,.0f}")
 
 
-def shortfall_table(records: Iterable[Record], out: Path) -> Path:
-    """Where stock CUDA graphs (pt2_cg) fall short, per workload: graphs per iteration, share of kernels
-    in graphs, Inductor's skip reasons, bytes copied into graph inputs, and time against `inductor`.
-    Written as CSV and as markdown (pt2_cg_shortfall.md), for the README."""
-    df = frame(records)
-    ok = df[df["status"] == "ok"]
-    cg = ok[ok["variant"] == "pt2_cg"].set_index("label")
-    base = ok[ok["variant"] == BASELINE].set_index("label")["median_ms"]
-    table = pd.DataFrame({
-        "graphs/iter": cg["graphs"],
-        "kernels in graphs %": 100 * cg["kernels_in_graphs_share"],
-        "bytes copied/iter": cg["graph_input_copy_bytes"],
-        "pt2_cg / inductor time": cg["median_ms"] / base.reindex(cg.index),
-        "graph breaks": cg["graph_breaks"],
-        "cudagraph skips": cg["cudagraph_skips"],
-        "skip reasons": cg["cudagraph_skip_reasons"],
-    }).sort_index()
-    table["slower than inductor"] = table["pt2_cg / inductor time"] > 1.0
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "pt2_cg_shortfall.csv", index_label="workload")
-    lines = ["| workload | " + " | ".join(table.columns) + " |", "|---" * (len(table.columns) + 1) + "|"]
-    for label, row in table.iterrows():
-        cells = [("" if pd.isna(v) else f"{v:,.0f}" if "bytes" in col else f"{v:.3g}" if isinstance(v, float) else str(v))
-                 for col, v in row.items()]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    path = out / "pt2_cg_shortfall.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
     return [
         speedup_figure(records, out, ["pt2_cg", "grace"], "fig9_speedup", "Fig 9: speedup over PyTorch2 without CUDA Graphs"),
@@ -210,5 +181,4 @@ def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
                        overlay="pt2_cg"),
         coverage_table(records, out),
         copy_bytes_table(records, out),
-        shortfall_table(records, out),
     ]

@@ -1,4 +1,5 @@
-"""Regenerate paper_figures/ from committed records, on any machine, in seconds.
+"""Regenerate paper_figures/ from committed records, on any machine, in seconds: the figures and
+tables, pt2_cg_shortfall.md, and results.md, which also replaces the README's results section.
 
     python scripts/make_figures.py                      # GPU records of every experiment under results/
     python scripts/make_figures.py --device nvidia-h200 --experiments baselines full
@@ -13,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments import figures  # noqa: E402
+from experiments import figures, report  # noqa: E402
 from experiments.records import RecordStore  # noqa: E402
 
 
@@ -23,6 +24,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="nvidia-h200", help="device folder to read (default: nvidia-h200)")
     p.add_argument("--experiments", nargs="*", help="experiments to read (default: all)")
     p.add_argument("--out", type=Path, default=Path("paper_figures"))
+    p.add_argument("--readme", type=Path, default=Path("README.md"), help="README whose results section to replace")
     args = p.parse_args(argv)
     paths = sorted(args.results.glob(f"*/{args.device}/records.jsonl"))
     if args.experiments:
@@ -33,6 +35,11 @@ def main(argv=None) -> int:
     records = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))
     for out in figures.paper_figures(records, args.out):
         print(out)
+    print(report.write_shortfall(records, args.out))
+    results = report.summary(records)
+    (args.out / "results.md").write_text(results)
+    report.splice(results, args.readme)
+    print(args.out / "results.md", "and", args.readme)
     return 0
 
 

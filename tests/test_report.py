@@ -1,0 +1,47 @@
+import math
+
+import pandas as pd
+import pytest
+
+from experiments import report
+from tests.test_figures import RECORDS, rec
+
+
+def test_shortfall_from_records(tmp_path):
+    report.write_shortfall(RECORDS, tmp_path)
+    table = pd.read_csv(tmp_path / "pt2_cg_shortfall.csv", index_col="workload")
+    assert table.loc["a eval b1", "pt2_cg / inductor time"] == 0.5
+    assert table.loc["c eval b1", "pt2_cg / inductor time"] == 2.0
+    assert list(table["slower than inductor"]) == [False, False, True]
+    assert table.loc["b eval b1", "bytes copied/iter"] == 128
+    assert "| c eval b1" in (tmp_path / "pt2_cg_shortfall.md").read_text()
+
+
+def test_summary_numbers():
+    text = report.summary(RECORDS)
+    # pt2_cg: speedups 2, 3, 0.5 -> geomean 3 ** (1/3); grace: 4 and 9 (c failed) -> 6
+    assert f"pt2_cg: geomean speedup over inductor {(2 * 3 * 0.5) ** (1 / 3):.3g} over 3 workloads" in text
+    assert "grace: geomean speedup over inductor 6 over 2 workloads" in text
+    assert "slower than inductor on: c eval b1." in text
+    # benefit ratio over a and b: (6 - 1) / (sqrt(6) - 1)
+    assert f"{(6 - 1) / (math.sqrt(6) - 1):.3g} (the paper reports more than 2)" in text
+    assert "NVIDIA H200" in text
+
+
+def test_summary_without_grace_says_so():
+    text = report.summary([r for r in RECORDS if r.variant != "grace"])
+    assert "- grace: not measured yet." in text
+    assert "not measurable yet (grace has no records)" in text
+    assert report.summary([]) == "No GPU records yet.\n"
+
+
+def test_time_over_gpu_time():
+    text = report.summary([rec("a", "inductor", 4.0), rec("a", "pt2_cg", 2.0)])
+    assert "| a eval b1" in text and " 20 " in text  # 2.0 ms over 0.1 ms of GPU time
+
+
+def test_splice_needs_markers(tmp_path):
+    path = tmp_path / "R.md"
+    path.write_text("no markers\n")
+    with pytest.raises(ValueError, match="markers"):
+        report.splice("x", path)
