@@ -78,7 +78,7 @@ def _ok(df: pd.DataFrame, column: str) -> pd.DataFrame:
 def speedups(df: pd.DataFrame, variants: Sequence[str]) -> pd.DataFrame:
     """label x variant: median(inductor) / median(variant); NaN where either is missing."""
     med = _ok(df, "median_ms").reindex(columns=list(dict.fromkeys([BASELINE, *variants])))
-    table = pd.DataFrame({v: med[BASELINE] / med[v] for v in variants}, index=med.index)
+    table = pd.DataFrame({v: stats.speedup(med[BASELINE], med[v]) for v in variants}, index=med.index)
     return table.reindex(sorted(df["label"].unique()))
 
 

@@ -37,7 +37,8 @@ def round_ratios(variant_rounds: Sequence[Sequence[float]], baseline_rounds: Seq
     return [median(v) / median(b) for v, b in zip(variant_rounds, baseline_rounds)]
 
 
-def speedup(baseline_ms: float, variant_ms: float) -> float:
+def speedup(baseline_ms, variant_ms):
+    """Works on numbers and, elementwise, on pandas Series."""
     return baseline_ms / variant_ms
 
 
