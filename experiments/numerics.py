@@ -7,8 +7,11 @@ the same computation in float64: the variant passes when
 
     rel_err(variant, fp64) <= multiplier * rel_err(eager, fp64) + floor[compute dtype]
 
-where rel_err = ||a - b|| / ||b|| over all floating outputs together. Non-floating outputs must equal
-eager's exactly. NaN, or a different structure or shape, never passes.
+where rel_err = ||a - b|| / ||b|| over all floating outputs together. Non-floating outputs (labels,
+indices) get the same yardstick with the share of elements that differ from the float64 reference: equal
+to it wherever eager is, and where eager's own labels already differ (detection models whose top-k or NMS
+flips on near-ties, VM), within multiplier x eager's share. NaN, or a different structure or shape, never
+passes.
 """
 
 from __future__ import annotations
@@ -45,10 +48,19 @@ def _rel_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[float, float
     return rel, max_abs
 
 
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and bool(torch.equal(a.cpu(), b.cpu()))
-    return type(a) is type(b) and a == b
+def _differ(a: list[Any], b: list[Any]) -> float:
+    """Share of elements of the non-floating leaves `a` that differ from `b` (a leaf of another shape or
+    type differs entirely)."""
+    differ = total = 0
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            n = max(x.numel(), 1)
+            differ += int((x.cpu() != y.cpu()).sum()) if x.shape == y.shape else n
+        else:
+            n = 1
+            differ += not (type(x) is type(y) and x == y)
+        total += n
+    return differ / total if total else 0.0
 
 
 def check(out: Mapping[str, Any], eager: Mapping[str, Any], ref: Mapping[str, Any], dtype: torch.dtype,
@@ -70,7 +82,7 @@ def compare(out: Any, eager: Any, ref: Any, dtype: torch.dtype, floors: Mapping[
     floor = float(floors[dtype_name])
     out_spec, out_float, out_exact = _split(out)
     eager_spec, eager_float, eager_exact = _split(eager)
-    ref_spec, ref_float, _ = _split(ref)
+    ref_spec, ref_float, ref_exact = _split(ref)
     same_shape = (out_spec == eager_spec == ref_spec
                   and all(o.shape == e.shape == r.shape for o, e, r in zip(out_float, eager_float, ref_float)))
     if not same_shape:
@@ -78,7 +90,9 @@ def compare(out: Any, eager: Any, ref: Any, dtype: torch.dtype, floors: Mapping[
     rel, max_abs = _rel_err(out_float, ref_float)
     eager_rel, _ = _rel_err(eager_float, ref_float)
     tolerance = multiplier * eager_rel + floor
-    exact = all(_equal(o, e) for o, e in zip(out_exact, eager_exact))
+    out_differ, eager_differ = _differ(out_exact, ref_exact), _differ(eager_exact, ref_exact)
+    exact = out_differ <= multiplier * eager_differ
     passed = exact and math.isfinite(rel) and rel <= tolerance
-    detail = "" if exact else "non-floating outputs differ from eager"
+    detail = "" if exact else (f"non-floating outputs: {out_differ:.1%} differ from float64's, eager's "
+                               f"{eager_differ:.1%}")
     return Numerics(passed, max_abs, rel, eager_rel, tolerance, dtype_name, detail)

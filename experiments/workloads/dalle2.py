@@ -1,7 +1,11 @@
 """In-house DALL-E 2 style diffusion decoder (dalle2_pytorch is not on the GPU machine): a
 time-conditioned U-Net denoiser sampled with deterministic DDIM steps and classifier-free guidance on
-an image embedding. As in dalle2_pytorch, the noise schedule is a CPU tensor indexed by a Python step,
-so every step mixes CPU scalars into GPU work."""
+an image embedding. As in dalle2_pytorch, the noise schedule is a buffer (on the GPU with the model)
+indexed by a Python step.
+
+An earlier version kept the schedule as a plain CPU tensor attribute; stock Inductor (torch 2.11) then
+fused the CPU constant's indexing into a CUDA kernel, whose launch failed with "invalid argument" on the
+H200 under both inductor and reduce-overhead (results/baselines, 2026-11-30)."""
 
 import torch
 from torch import nn
@@ -59,20 +63,20 @@ class _Decoder(nn.Module):
         super().__init__()
         self.unet, self.guidance, self.emb = _UNet(ch, emb), guidance, emb
         betas = torch.linspace(1e-4, 0.02, timesteps, dtype=torch.float64)
-        self.alphas_cumprod = torch.cumprod(1 - betas, 0).float()  # a CPU tensor, not a buffer: as in dalle2
+        self.register_buffer("alphas_cumprod", torch.cumprod(1 - betas, 0).float(), persistent=False)
         self.schedule = list(range(timesteps - 1, -1, -timesteps // steps))
 
     def forward(self, noise, image_embed):
         x, b = noise, noise.shape[0]
         null = torch.zeros_like(image_embed)
         for i, t in enumerate(self.schedule):
-            a_t = self.alphas_cumprod[t]  # CPU scalar tensors
-            a_prev = self.alphas_cumprod[self.schedule[i + 1]] if i + 1 < len(self.schedule) else torch.tensor(1.0)
+            a_t = self.alphas_cumprod[t]
+            a_prev = self.alphas_cumprod[self.schedule[i + 1]] if i + 1 < len(self.schedule) else 1.0
             tt = torch.full((2 * b,), t, device=x.device, dtype=torch.long)
             eps_c, eps_u = self.unet(torch.cat([x, x]), tt, torch.cat([image_embed, null])).chunk(2)
             eps = eps_u + self.guidance * (eps_c - eps_u)
             x0 = ((x - (1 - a_t).sqrt() * eps) / a_t.sqrt()).clamp(-1, 1)
-            x = a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps  # deterministic DDIM (eta = 0)
+            x = a_prev ** 0.5 * x0 + (1 - a_prev) ** 0.5 * eps  # deterministic DDIM (eta = 0)
         return x
 
 
