@@ -6,6 +6,7 @@ Written against torch 2.11 (the GPU machine) and checked on the CI's torch 2.14.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator
 
@@ -62,3 +63,148 @@ def count_graph_input_copies() -> Iterator[list[int]]:
         yield total
     finally:
         torch._foreach_copy_ = original
+
+
+# --- Inductor: compiling with GraCE's own wrapper around each CUDA-graph partition -------------------
+
+import inspect as _inspect  # noqa: E402
+import sys as _sys  # noqa: E402
+
+import torch._inductor.config as _inductor_config  # noqa: E402
+import torch._inductor.output_code as _output_code  # noqa: E402
+import torch._inductor.utils as _inductor_utils  # noqa: E402
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner  # noqa: E402, F401
+from torch._inductor.custom_graph_pass import CustomGraphPass as _CustomGraphPass  # noqa: E402
+
+
+@contextlib.contextmanager
+def partitioned() -> Iterator[None]:
+    """Within the block, Inductor splits each graph into CUDA-graph partitions (CPU ops, device copies
+    and unsafe ops stay outside, as under reduce-overhead) without wrapping them in graph trees: an
+    identity wrapper registered through the unstable `set_customized_partition_wrappers` hook (2.9+;
+    what vLLM uses) turns partitioning on, and the caller wraps the partitions afterwards."""
+    previous = _inductor_utils._unstable_customized_partition_wrapper.wrapper
+    _inductor_utils.set_customized_partition_wrappers(lambda fn, metadata: fn)
+    try:
+        yield
+    finally:
+        _inductor_utils.set_customized_partition_wrappers(previous)
+
+
+class _CacheKey(_CustomGraphPass):
+    """A no-op post-grad pass whose uuid keeps GraCE's partitioned compiles apart from unpartitioned
+    ones in Inductor's FX-graph cache (whether partitioning was on is not part of the cache key). A
+    pass the user had installed still runs first."""
+
+    def __init__(self, user_pass):
+        self.user_pass = user_pass
+
+    def __call__(self, graph) -> None:
+        if self.user_pass is not None:
+            self.user_pass(graph)
+
+    def uuid(self):
+        user = self.user_pass.uuid() if self.user_pass is not None and hasattr(self.user_pass, "uuid") else None
+        return ("grace-partitioned-1", user)
+
+
+def partition_config_patches() -> dict:
+    """Inductor config for a compile whose partitions GraCE wraps: no graph trees, own cache key."""
+    return {"triton.cudagraphs": False,
+            "post_grad_custom_post_pass": _CacheKey(_inductor_config.post_grad_custom_post_pass)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    index: int
+    static: frozenset[int]  # partition inputs that are parameters or buffers (static graph inputs)
+    mutated: frozenset[int]  # partition inputs that the graph mutates in place
+
+
+def partitions(compiled, static_input_idxs) -> list[Partition] | None:
+    """The partitions of a CompiledFxGraph and which of their inputs are static or mutated; None if the
+    compiled graph has no partition runner (e.g. nothing to run on the GPU)."""
+    if getattr(compiled, "recursively_apply_fns", None) is None or not getattr(compiled, "partition_maps", None):
+        return None
+    static, mutated = set(static_input_idxs or ()), set(compiled.mutated_input_idxs)
+    out = []
+    for pm in compiled.partition_maps:
+        mapping = pm.input_index_mapping
+        out.append(Partition(pm.id, frozenset(i for i, g in enumerate(mapping) if g is not None and g in static),
+                             frozenset(i for i, g in enumerate(mapping) if g is not None and g in mutated)))
+    return out
+
+
+def wrap_partitions(compiled, wrappers) -> None:
+    """Replace partition i of `compiled` by wrappers[i](partition_fn)."""
+    compiled.recursively_apply_fns(wrappers)
+
+
+def finish_post_compile(compiled, example_inputs) -> None:
+    """What Inductor's post_compile skips when a customized partition wrapper is set and does otherwise
+    without CUDA graphs: hand output strides to AOTAutograd, and realign inputs that the kernels assume
+    16-byte aligned."""
+    set_strides = getattr(_inductor_utils, "set_tracing_context_output_strides", None) or getattr(
+        _output_code, "set_tracing_context_output_strides")
+    set_strides(example_inputs, compiled)
+    realign = _output_code.maybe_realign_inputs
+    args = [_inductor_utils.BoxedBool(False), compiled, compiled.inputs_to_check]
+    if len(_inspect.signature(realign).parameters) >= 4:
+        args.append(compiled.mutated_input_idxs)
+    realign(*args)
+
+
+def device_types(compiled) -> set[str]:
+    return set(getattr(compiled, "device_types", ()) or ())
+
+
+def data_ptrs_equal(tensors: list, ptrs: list[int], idxs: list[int]) -> bool:
+    """tensors[i].data_ptr() == ptrs[k] for each i = idxs[k], in one C++ call (what graph trees use)."""
+    return torch._C._tensors_data_ptrs_at_indices_equal(tensors, ptrs, idxs)
+
+
+def references(t: torch.Tensor) -> tuple[int, int, int]:
+    """(Python references, TensorImpl references, storage references) of a tensor: if any grows, some
+    other code holds the tensor, its impl (autograd's saved tensors) or a view of its storage."""
+    return (_sys.getrefcount(t), t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+
+def has_internal_overlap(t: torch.Tensor) -> bool:
+    """Whether some elements of `t` share memory (an expanded tensor): no copy can be written into it."""
+    return torch._debug_has_internal_overlap(t) != 0  # 0: no, 1: yes, 2: too complex to tell
+
+
+def fake_propagate(gm, example_inputs) -> None:
+    """Fill node.meta["val"] of a Dynamo graph by running it on fake tensors (in the graph's own fake
+    mode when its nodes carry one)."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = detect_fake_mode(example_inputs)
+    if mode is None:
+        metas = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        mode = detect_fake_mode(metas)
+    if mode is None:
+        from torch._subclasses import FakeTensorMode
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor)
+              else x for x in example_inputs]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
+
+
+def register_backend(fn, name: str) -> None:
+    """Make `torch.compile(backend=name)` find `fn` once this module is imported. Without the import,
+    Dynamo finds it through the package's `torch_dynamo_backends` entry point, and registers it itself
+    after loading it: then (an entry point known and not yet loaded) this leaves it to Dynamo."""
+    from torch._dynamo.backends import registry
+
+    if name not in registry._COMPILER_FNS and registry._BACKENDS.get(name) is None:
+        registry.register_backend(fn, name=name)
+
+
+def without_autograd_cache():
+    """AOTAutograd's cache would hand back a compiled graph without calling the inner compiler, so
+    GraCE's partition wrappers would never be installed: it is off while GraCE compiles."""
+    import torch._functorch.config as functorch_config
+
+    return functorch_config.patch(enable_autograd_cache=False)

@@ -1,0 +1,92 @@
+"""`torch.compile(model, backend="grace")`: Inductor, with GraCE's runtime owning the CUDA graphs.
+
+    torch.compile(model, backend="grace")                              # every optimization on
+    torch.compile(model, backend="grace", options={"cgct": False})     # the runtime alone
+
+Per Dynamo graph: the CGCT passes rewrite it (grace.cgct), Inductor compiles it (forward and, for
+training, backward) split into CUDA-graph partitions, and grace.runtime captures and replays each
+partition. What happened to each graph and partition is kept in REPORTS (grace.explain shows it).
+Whatever GraCE cannot handle runs as Inductor compiled it, with the reason kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from grace import cgct, runtime
+from grace import torch_adapter as adapter
+
+log = logging.getLogger("grace")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    cgct: bool = True  # CUDA-Graph-aware code transformations (grace.cgct)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any] | None) -> Options:
+        options = dict(options or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown grace option(s) {unknown} (known: {sorted(known)})")
+        return cls(**options)
+
+
+@dataclasses.dataclass
+class GraphReport:
+    """One Dynamo graph compiled by the grace backend."""
+    graph: int
+    options: Options
+    cgct: list[str] = dataclasses.field(default_factory=list)  # what each CGCT pass changed
+    notes: list[str] = dataclasses.field(default_factory=list)  # compiled graphs without partitions, ...
+    partitions: list[runtime.Stats] = dataclasses.field(default_factory=list)
+
+
+REPORTS: list[GraphReport] = []  # every graph the backend compiled in this process, in order
+_ids = itertools.count()
+
+
+def _inner_compile(gm, example_inputs, *, report: GraphReport, **kwargs):
+    """Inductor's compile_fx_inner with partitioning on and GraCE's runtime around each partition."""
+    with adapter.partitioned():
+        compiled = adapter.compile_fx_inner(gm, example_inputs, **kwargs)
+    backward = bool(kwargs.get("is_backward"))
+    adapter.finish_post_compile(compiled, example_inputs)
+    parts = adapter.partitions(compiled, kwargs.get("static_input_idxs"))
+    part = "backward" if backward else "forward"
+    if not parts:
+        devices = ", ".join(sorted(adapter.device_types(compiled))) or "none"
+        report.notes.append(f"{part}: no CUDA-graph partition (devices: {devices}); runs as compiled")
+        return compiled
+    wrappers = []
+    for p in parts:
+        stats = runtime.Stats(report.graph, backward, p.index)
+        report.partitions.append(stats)
+        wrappers.append(functools.partial(runtime.PartitionGraph, partition=p, stats=stats))
+    adapter.wrap_partitions(compiled, wrappers)
+    return compiled
+
+
+def grace_backend(gm: torch.fx.GraphModule, example_inputs, options: Mapping[str, Any] | None = None,
+                  mode: str | None = None):
+    """The Dynamo backend. `options` as in Options; `mode` is accepted and ignored (GraCE decides)."""
+    opts = Options.parse(options)
+    report = GraphReport(next(_ids), opts)
+    REPORTS.append(report)
+    if opts.cgct:
+        report.cgct = cgct.apply(gm, example_inputs)
+    inner = functools.partial(_inner_compile, report=report)
+    with adapter.without_autograd_cache():
+        return adapter.compile_fx(gm, example_inputs, inner_compile=inner,
+                                  config_patches=adapter.partition_config_patches())
+
+
+adapter.register_backend(grace_backend, "grace")

@@ -1,0 +1,93 @@
+"""grace.explain(fn, *inputs): what GraCE did with each graph and partition, and why.
+
+It compiles `fn` (a module or a function; for training, a function that runs the step) with the grace
+backend, calls it three times (warm-up, recording, replay) and reports, per partition of every graph
+compiled on the way: captured or not and why, graph nodes by kind (kernels inside the graph), replays
+and calls without the graph in the last call, inputs read in place and inputs copied, bytes copied per
+replay; and per graph what CGCT changed and the compiled graphs that have no partition at all (kernels
+that run outside any graph).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from grace import backend
+
+
+@dataclasses.dataclass
+class Explanation:
+    graphs: list[backend.GraphReport]
+    replays_last_call: dict[tuple[int, bool, int], int]  # (graph, backward, partition) -> replays
+    eager_last_call: dict[tuple[int, bool, int], int]
+
+    def partitions(self) -> pd.DataFrame:
+        rows = []
+        for g in self.graphs:
+            for s in g.partitions:
+                key = (s.graph, s.backward, s.partition)
+                nodes = s.nodes or {}
+                rows.append({"graph": s.graph, "pass": "backward" if s.backward else "forward",
+                             "partition": s.partition, "status": s.status,
+                             "kernels_in_graph": nodes.get("kernel"), "replays": self.replays_last_call.get(key, 0),
+                             "without_graph": self.eager_last_call.get(key, 0),
+                             "inputs_in_place": s.in_place_inputs, "inputs_copied": s.copied_inputs,
+                             "bytes_copied_per_replay": s.copy_bytes_per_replay, "reason": s.reason or ""})
+        return pd.DataFrame(rows)
+
+    def summary(self) -> dict[str, Any]:
+        """Totals for one call (the last): what the harness keeps in its records."""
+        df = self.partitions()
+        return {
+            "graphs": len(self.graphs),
+            "partitions": len(df),
+            "captured": int((df.status == "captured").sum()) if len(df) else 0,
+            "replays_per_call": int(df.replays.sum()) if len(df) else 0,
+            "calls_without_graph": int(df.without_graph.sum()) if len(df) else 0,
+            "bytes_copied_per_call": int((df.bytes_copied_per_replay * df.replays).sum()) if len(df) else 0,
+            "kernels_in_graphs": int(df.kernels_in_graph.fillna(0).mul(df.replays).sum()) if len(df) else 0,
+            "not_captured": sorted({f"{r.reason}" for r in df.itertuples() if r.status != "captured"}),
+            "cgct": [note for g in self.graphs for note in g.cgct],
+            "notes": [note for g in self.graphs for note in g.notes],
+        }
+
+    def __str__(self) -> str:
+        lines = []
+        for g in self.graphs:
+            cgct = "; ".join(g.cgct) or "nothing to change" if g.options.cgct else "off"
+            lines.append(f"graph {g.graph}: cgct: {cgct}")
+            lines += [f"  {note}" for note in g.notes]
+        df = self.partitions()
+        lines.append(df.to_string(index=False) if len(df) else "no CUDA-graph partitions")
+        return "\n".join(lines)
+
+
+def since(start: int, last_call: Callable[[], Any]) -> Explanation:
+    """The reports of graphs compiled since REPORTS[start], with per-partition counts over one more call."""
+    graphs = backend.REPORTS[start:]
+
+    def counts():
+        return ({(s.graph, s.backward, s.partition): s.replays for g in graphs for s in g.partitions},
+                {(s.graph, s.backward, s.partition): s.eager_calls for g in graphs for s in g.partitions})
+
+    replays0, eager0 = counts()
+    last_call()
+    graphs = backend.REPORTS[start:]
+    replays1, eager1 = counts()
+    return Explanation(graphs, {k: v - replays0.get(k, 0) for k, v in replays1.items()},
+                       {k: v - eager0.get(k, 0) for k, v in eager1.items()})
+
+
+def explain(fn: Callable, *inputs, options: dict | None = None, calls: int = 3) -> Explanation:
+    """Compile `fn` afresh (Dynamo's caches are reset first, as by torch.compiler.reset(): code compiled
+    before is compiled again on its next call) and report on `calls` calls with `inputs`."""
+    torch.compiler.reset()
+    compiled = torch.compile(fn, backend="grace", options=options)
+    start = len(backend.REPORTS)
+    for _ in range(calls - 1):
+        compiled(*inputs)
+    return since(start, lambda: compiled(*inputs))

@@ -1,0 +1,152 @@
+"""GraCE's runtime: capture and replay of each CUDA-graph partition that Inductor compiles.
+
+Why partitions, through Inductor's partition-wrapper hook: Inductor already splits a graph where it
+cannot be captured (CPU ops, device copies, ops tagged unsafe), for forward and backward graphs alike,
+and hands each partition to a wrapper of our choosing (grace.torch_adapter.partitioned). Owning that
+wrapper gives GraCE the capture and the replay path, which PI and SCG change, without graph trees.
+
+A partition's life:
+  call 1     runs as compiled (warm-up: lazy initialisation, autotuning), no graph;
+  call 2     is recorded: inputs that must keep their address (parameters and buffers, inputs the
+             partition mutates, outputs of another GraCE graph) are captured in place; every other
+             tensor input gets a placeholder that receives a copy before each replay, as stock graph
+             trees do; the graph is then replayed for this call's result;
+  later      replays, after one check that in-place inputs still sit at their recorded addresses and
+             that nobody still holds the outputs of the previous replay (they are overwritten).
+Anything else is handled without a graph, the reason kept in the partition's Stats: capture fails
+(a synchronising op), in-place inputs keep moving (re-recorded up to MAX_RECORDINGS times), outputs of
+the previous replay still alive (that call runs without the graph), more distinct shapes than
+MAX_RECORDINGS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable
+
+import torch
+
+from grace import cuda_driver, torch_adapter as adapter
+
+log = logging.getLogger("grace")
+
+MAX_RECORDINGS = 8  # per partition: distinct shapes plus re-recordings after in-place inputs moved
+ALIGNMENT = 16  # bytes: Inductor's kernels assume inputs this aligned
+
+
+@dataclasses.dataclass
+class Stats:
+    """What happened to one partition; grace.explain and the harness's records show these."""
+    graph: int  # the Dynamo graph (one torch.compile frame) it belongs to
+    backward: bool
+    partition: int
+    status: str = "warm-up"  # warm-up | captured | eager
+    reason: str | None = None  # why not captured (eager), or why a call ran without the graph
+    recordings: int = 0
+    replays: int = 0
+    eager_calls: int = 0  # calls after warm-up that ran without the graph
+    in_place_inputs: int = 0
+    copied_inputs: int = 0
+    copy_bytes_per_replay: int = 0
+    nodes: dict[str, int] | None = None  # the latest recording's graph nodes by kind (kernel, memcpy, ...)
+
+
+_OUTPUT_PTRS: set[int] = set()  # data_ptrs of every recorded graph's outputs: inputs read in place
+
+
+class _Recording:
+    def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int]):
+        self.in_place, self.copied = in_place, copied
+        self.ptrs = [args[i].data_ptr() for i in in_place]
+        self.placeholders = [torch.empty_strided(args[i].size(), args[i].stride(), dtype=args[i].dtype,
+                                                 device=args[i].device) for i in copied]
+        graph_args = list(args)
+        for i, p in zip(copied, self.placeholders):
+            graph_args[i] = p
+        self.graph = torch.cuda.CUDAGraph(keep_graph=True)  # kept to read its nodes (and, for PI, patch them)
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            outputs = fn(graph_args)
+        self.nodes = cuda_driver.node_counts(self.graph.raw_cuda_graph())
+        self.graph.instantiate()
+        self.outputs = outputs
+        self.tensors = [t for t in outputs if isinstance(t, torch.Tensor)] if isinstance(outputs, (list, tuple)) else []
+        self.baseline = [adapter.references(t) for t in self.tensors]
+        _OUTPUT_PTRS.update(t.data_ptr() for t in self.tensors)
+        self.copy_bytes = sum(p.numel() * p.element_size() for p in self.placeholders)
+
+    def outputs_alive(self) -> bool:
+        return any(adapter.references(t) != b for t, b in zip(self.tensors, self.baseline))
+
+    def replay(self, args: list) -> Any:
+        if self.copied:
+            torch._foreach_copy_(self.placeholders, [args[i] for i in self.copied])
+        args.clear()
+        self.graph.replay()
+        return self.outputs
+
+
+class PartitionGraph:
+    """Wraps one partition function (boxed calling convention: it takes a list and empties it)."""
+
+    def __init__(self, fn: Callable, partition: adapter.Partition, stats: Stats):
+        self.fn, self.partition, self.stats = fn, partition, stats
+        self.recordings: dict[tuple, _Recording] = {}
+        self.calls = 0
+
+    def _eager(self, args: list, reason: str | None = None, final: bool = False) -> Any:
+        if reason is not None:
+            if final:
+                self.stats.status = "eager"
+                self.recordings.clear()
+                log.info("grace: graph %d partition %d runs without a CUDA graph: %s",
+                         self.stats.graph, self.stats.partition, reason)
+            self.stats.reason = reason
+        if self.calls > 1:
+            self.stats.eager_calls += 1
+        return self.fn(args)
+
+    def _record(self, key: tuple, args: list) -> _Recording | str:
+        """A new recording, or why there can be none."""
+        if self.stats.recordings >= MAX_RECORDINGS:
+            return f"more than {MAX_RECORDINGS} recordings (shapes, or in-place inputs that keep moving)"
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        if any(args[i].device.type != "cuda" for i in tensors):
+            return "a partition input is a CPU tensor (a graph would freeze its value): CGCT moves these"
+        in_place = [i for i in tensors if i in self.partition.static or i in self.partition.mutated
+                    or args[i].data_ptr() in _OUTPUT_PTRS]
+        copied = [i for i in tensors if i not in in_place]
+        if any(args[i].data_ptr() % ALIGNMENT for i in in_place if i in self.partition.mutated):
+            return "an input mutated in place is not 16-byte aligned"
+        if any(adapter.has_internal_overlap(args[i]) for i in copied):
+            return "an input has overlapping memory (expanded): it cannot get a placeholder"
+        try:
+            recording = _Recording(self.fn, args, in_place, copied)
+        except Exception as e:  # capture failed (a synchronising op, say): never the user's problem
+            return f"capture failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        self.recordings[key] = recording
+        s = self.stats
+        s.status, s.recordings = "captured", s.recordings + 1
+        s.in_place_inputs, s.copied_inputs, s.copy_bytes_per_replay = len(in_place), len(copied), recording.copy_bytes
+        s.nodes = recording.nodes
+        return recording
+
+    def __call__(self, args: list) -> Any:
+        self.calls += 1
+        if self.stats.status == "eager":
+            return self._eager(args)
+        if self.calls == 1:
+            return self.fn(args)
+        key = tuple(a for a in args if not isinstance(a, torch.Tensor))  # symbolic sizes, if any
+        recording = self.recordings.get(key)
+        if recording is not None and not adapter.data_ptrs_equal(args, recording.ptrs, recording.in_place):
+            del self.recordings[key]  # an in-place input moved: record again with its new address
+            recording = None
+        if recording is None:
+            recording = self._record(key, args)
+            if isinstance(recording, str):
+                return self._eager(args, recording, final=True)
+        elif recording.outputs_alive():
+            return self._eager(args, "outputs of the previous replay were still held by the caller")
+        self.stats.replays += 1
+        return recording.replay(args)
