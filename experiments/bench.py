@@ -19,6 +19,7 @@ from experiments.records import KernelStats, Numerics
 from experiments.task import Task
 from experiments.timing import launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
+import grace
 from grace.torch_adapter import collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats
 
 
@@ -43,6 +44,7 @@ class Diagnostics:
     cudagraph_skip_reasons: list[str]
     graph_breaks: int
     unique_graphs: int
+    grace: dict | None  # what the grace backend did in one iteration (grace.explain), for its variants
 
 
 @dataclass(frozen=True)
@@ -104,5 +106,9 @@ class Bench:
         return profile_iterations(self._step, iters, self.device)
 
     def diagnostics(self) -> Diagnostics:
+        """Called after profiling; for a grace variant it runs one more step to count what it replays."""
         peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
-        return Diagnostics(peak, cudagraph_skips(), list(dict.fromkeys(self._skip_reasons)), **dynamo_stats())
+        uses_grace = (self.spec.variant.compile or {}).get("backend") == "grace"
+        summary = grace.explain_call(self._step).summary() if uses_grace else None
+        return Diagnostics(peak, cudagraph_skips(), list(dict.fromkeys(self._skip_reasons)), **dynamo_stats(),
+                           grace=summary)

@@ -78,6 +78,7 @@ class Record:
     graph_breaks: int | None = None  # Dynamo's graph breaks while compiling
     unique_graphs: int | None = None  # distinct graphs Dynamo compiled (recompilations included)
     numerics: Numerics | None = None
+    grace: dict[str, Any] | None = None  # grace backend variants: grace.explain's summary of one iteration
     measure: dict[str, Any] = field(default_factory=dict)  # the measurement settings (conf/measure)
     env: dict[str, Any] = field(default_factory=dict)
 

@@ -66,8 +66,9 @@ class Explanation:
         return "\n".join(lines)
 
 
-def since(start: int, last_call: Callable[[], Any]) -> Explanation:
-    """The reports of graphs compiled since REPORTS[start], with per-partition counts over one more call."""
+def explain_call(call: Callable[[], Any], start: int = 0) -> Explanation:
+    """Run `call` once more and explain it: the graphs the grace backend compiled in this process (from
+    the start-th on) with what each partition did during that call."""
     graphs = backend.REPORTS[start:]
 
     def counts():
@@ -75,7 +76,7 @@ def since(start: int, last_call: Callable[[], Any]) -> Explanation:
                 {(s.graph, s.backward, s.partition): s.eager_calls for g in graphs for s in g.partitions})
 
     replays0, eager0 = counts()
-    last_call()
+    call()
     graphs = backend.REPORTS[start:]
     replays1, eager1 = counts()
     return Explanation(graphs, {k: v - replays0.get(k, 0) for k, v in replays1.items()},
@@ -90,4 +91,4 @@ def explain(fn: Callable, *inputs, options: dict | None = None, calls: int = 3) 
     start = len(backend.REPORTS)
     for _ in range(calls - 1):
         compiled(*inputs)
-    return since(start, lambda: compiled(*inputs))
+    return explain_call(lambda: compiled(*inputs), start)

@@ -15,10 +15,10 @@ def records(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("results")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        # 3 workloads x 2 variants, set up in parallel: a few minutes on the H200
+        # 3 workloads x 3 variants, set up in parallel: a few minutes on the H200
         cfg = compose("config", overrides=[f"results_dir={out}", *FAST, "workload=[mlp,EOS,kv_decode]",
                                            "workload.mlp.size=tiny", "workload.EOS.size=tiny",
-                                           "workload.kv_decode.size=tiny", "variant=[inductor,pt2_cg]",
+                                           "workload.kv_decode.size=tiny", "variant=[inductor,pt2_cg,cgct]",
                                            "measure.parallel_setup=true"])
     sweep = Sweep(cfg)
     sweep.run()
@@ -26,7 +26,7 @@ def records(tmp_path_factory):
 
 
 def test_every_variant_ok_and_right(records):
-    assert len(records) == 6
+    assert len(records) == 9
     for (w, v), r in records.items():
         assert r.status == "ok", (w, v, r.reason)
         assert r.numerics.passed
@@ -54,3 +54,12 @@ def test_stock_skips_a_function_that_mutates_its_input_and_says_why(records):
     r = records["kv_decode", "pt2_cg"]
     assert r.kernels.graphs == 0
     assert r.cudagraph_skips >= 1 and any("mutat" in reason for reason in r.cudagraph_skip_reasons), r.cudagraph_skip_reasons
+
+
+def test_grace_replays_what_stock_skips_and_records_what_it_did(records):
+    kv = records["kv_decode", "cgct"]
+    assert kv.grace["partitions"] >= 1 and kv.grace["captured"] == kv.grace["partitions"], kv.grace
+    assert kv.kernels.graphs >= 1 and kv.kernels.kernels_in_graphs_share > 0.9
+    mlp = records["mlp", "cgct"]
+    assert mlp.grace["replays_per_call"] >= 1 and mlp.grace["calls_without_graph"] == 0
+    assert mlp.kernels.graph_input_copy_bytes == mlp.grace["bytes_copied_per_call"] == 8 * 32 * 2

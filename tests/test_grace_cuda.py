@@ -1,0 +1,102 @@
+"""On a CUDA GPU: GraCE's runtime captures and replays what Inductor compiles, matches eager, and
+falls back (with a reason) where a graph would be wrong."""
+
+import pytest
+import torch
+
+import grace
+
+pytestmark = pytest.mark.cuda
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+
+
+def test_inference_is_captured_replayed_and_matches_eager_on_new_inputs():
+    model, x = _mlp(), torch.randn(16, 32, device="cuda")
+    e = grace.explain(model, x)
+    s = e.summary()
+    assert s["partitions"] >= 1 and s["captured"] == s["partitions"], str(e)
+    assert s["replays_per_call"] == s["partitions"] and s["calls_without_graph"] == 0
+    assert s["bytes_copied_per_call"] == x.numel() * 4  # the input, as stock graph trees copy it
+    assert s["kernels_in_graphs"] >= 2
+    compiled = torch.compile(model, backend="grace")
+    for i in range(4):  # warm-up, record, replays: each on inputs of its own
+        x = torch.randn(16, 32, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_training_captures_forward_and_backward_and_matches_eager():
+    model, twin = _mlp(), _mlp()
+    compiled = torch.compile(model, backend="grace")
+    opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    for i in range(4):
+        x = torch.randn(16, 32, device="cuda")
+        for m, o in ((compiled, opt), (twin, opt_twin)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+            o.step()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    stats = [s for g in grace.REPORTS for s in g.partitions if s.graph == grace.REPORTS[-1].graph]
+    assert {s.backward for s in stats} == {False, True}
+    assert all(s.status == "captured" and s.replays >= 2 for s in stats), stats
+
+
+def decode_step(cache, x, pos):
+    cache.index_copy_(1, pos, x)  # the cache, an input, is written in place
+    return cache.sum(dim=1)
+
+
+def test_an_input_mutated_in_place_is_captured_in_place():
+    cache, eager_cache = torch.zeros(4, 8, device="cuda"), torch.zeros(4, 8, device="cuda")
+    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    compiled = torch.compile(decode_step, backend="grace")
+    for step in range(6):
+        x = torch.randn(4, 1, device="cuda")
+        pos.fill_(step)
+        torch.testing.assert_close(compiled(cache, x, pos), decode_step(eager_cache, x, pos))
+        torch.testing.assert_close(cache, eager_cache)
+    stats = grace.REPORTS[-1].partitions
+    assert stats and all(s.status == "captured" and s.replays >= 4 for s in stats), stats
+
+
+def test_outputs_still_held_are_not_overwritten_by_the_next_call():
+    model = _mlp()
+    compiled = torch.compile(model, backend="grace")
+    compiled(torch.randn(16, 32, device="cuda"))  # warm-up
+    x1, x2 = torch.randn(16, 32, device="cuda"), torch.randn(16, 32, device="cuda")
+    y1 = compiled(x1)  # recorded and replayed: y1 lives in the graph's memory
+    y2 = compiled(x2)  # y1 still held: this call must not replay over it
+    torch.testing.assert_close(y1, model(x1))
+    torch.testing.assert_close(y2, model(x2))
+    (stats,) = grace.REPORTS[-1].partitions
+    assert stats.eager_calls == 1 and "still held" in stats.reason
+
+
+class Schedule(torch.nn.Module):
+    """A diffusion-style step: a CPU schedule (a plain tensor attribute) and a CPU tensor factory."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.table = torch.linspace(0.1, 1.0, 10)  # on the CPU, not a buffer
+
+    def forward(self, x, t: int):
+        a = self.table[t]
+        return self.lin(x) * a.sqrt() + torch.tensor(2.0)
+
+
+def test_cgct_moves_a_cpu_schedule_to_the_gpu_and_the_graph_captures_whole():
+    model = Schedule().cuda()
+    x = torch.randn(4, 16, device="cuda")
+    e = grace.explain(model, x, 3)
+    s = e.summary()
+    assert any(n.startswith("cpu_inputs: 1 CPU tensor inputs") for n in s["cgct"]), s["cgct"]
+    assert any(n.startswith("cpu_factories: 1 CPU tensor factories") for n in s["cgct"]), s["cgct"]
+    assert s["partitions"] >= 1 and s["captured"] == s["partitions"], str(e)
+    compiled = torch.compile(model, backend="grace")
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, 3), model(x, 3))
