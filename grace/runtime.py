@@ -67,7 +67,11 @@ class _Recording:
         self.graph = torch.cuda.CUDAGraph(keep_graph=True)  # kept to read its nodes (and, for PI, patch them)
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             outputs = fn(graph_args)
-        self.nodes = cuda_driver.node_counts(self.graph.raw_cuda_graph())
+        try:
+            self.nodes = cuda_driver.node_counts(self.graph.raw_cuda_graph())
+        except Exception as e:  # counting is for reports only
+            log.warning("grace: could not read the graph's nodes: %s", e)
+            self.nodes = None
         self.graph.instantiate()
         self.outputs = outputs
         self.tensors = [t for t in outputs if isinstance(t, torch.Tensor)] if isinstance(outputs, (list, tuple)) else []
