@@ -55,39 +55,56 @@ class Stats:
 _OUTPUT_PTRS: set[int] = set()  # data_ptrs of every recorded graph's outputs: inputs read in place
 
 
+def cuda_capture(fn: Callable, graph_args: list) -> tuple[Callable[[], None], Any, dict[str, int] | None]:
+    """Capture fn(graph_args) in a CUDA graph: (replay, the outputs it writes, its nodes by kind)."""
+    graph = torch.cuda.CUDAGraph(keep_graph=True)  # kept to read its nodes (and, for PI, patch them)
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        outputs = fn(graph_args)
+    try:
+        nodes = cuda_driver.node_counts(graph.raw_cuda_graph())
+    except Exception as e:  # counting is for reports only
+        log.warning("grace: could not read the graph's nodes: %s", e)
+        nodes = None
+    graph.instantiate()
+    return graph.replay, outputs, nodes
+
+
+capture = cuda_capture  # what records a partition; tests put a CPU stand-in here
+DEVICE_TYPE = "cuda"  # where partition inputs must live to be captured
+
+
 class _Recording:
     def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int]):
         self.in_place, self.copied = in_place, copied
-        self.ptrs = [args[i].data_ptr() for i in in_place]
+        self.ptrs = [args[i].data_ptr() if i in in_place else None for i in range(len(args))]
         self.placeholders = [torch.empty_strided(args[i].size(), args[i].stride(), dtype=args[i].dtype,
                                                  device=args[i].device) for i in copied]
         graph_args = list(args)
         for i, p in zip(copied, self.placeholders):
             graph_args[i] = p
-        self.graph = torch.cuda.CUDAGraph(keep_graph=True)  # kept to read its nodes (and, for PI, patch them)
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            outputs = fn(graph_args)
-        try:
-            self.nodes = cuda_driver.node_counts(self.graph.raw_cuda_graph())
-        except Exception as e:  # counting is for reports only
-            log.warning("grace: could not read the graph's nodes: %s", e)
-            self.nodes = None
-        self.graph.instantiate()
-        self.outputs = outputs
-        self.tensors = [t for t in outputs if isinstance(t, torch.Tensor)] if isinstance(outputs, (list, tuple)) else []
-        self.baseline = [adapter.references(t) for t in self.tensors]
-        _OUTPUT_PTRS.update(t.data_ptr() for t in self.tensors)
+        self._replay, self.outputs, self.nodes = capture(fn, graph_args)
+        self.tensors = [t for t in self.outputs if isinstance(t, torch.Tensor)] if isinstance(self.outputs, (list, tuple)) else []
+        self.baseline = self._references()
+        self.output_ptrs = {t.data_ptr() for t in self.tensors}
+        _OUTPUT_PTRS.update(self.output_ptrs)
         self.copy_bytes = sum(p.numel() * p.element_size() for p in self.placeholders)
 
+    def drop(self) -> None:
+        """Forget this recording (its memory goes back once no output is held)."""
+        _OUTPUT_PTRS.difference_update(self.output_ptrs)
+
+    def _references(self) -> list[tuple[int, int, int]]:
+        return [adapter.references(t) for t in self.tensors]  # taken the same way each time: counts compare
+
     def outputs_alive(self) -> bool:
-        return any(adapter.references(t) != b for t, b in zip(self.tensors, self.baseline))
+        return self._references() != self.baseline
 
     def replay(self, args: list) -> Any:
         if self.copied:
             torch._foreach_copy_(self.placeholders, [args[i] for i in self.copied])
         args.clear()
-        self.graph.replay()
-        return self.outputs
+        self._replay()
+        return list(self.outputs) if isinstance(self.outputs, list) else self.outputs  # callers may empty a list
 
 
 class PartitionGraph:
@@ -102,6 +119,8 @@ class PartitionGraph:
         if reason is not None:
             if final:
                 self.stats.status = "eager"
+                for recording in self.recordings.values():
+                    recording.drop()
                 self.recordings.clear()
                 log.info("grace: graph %d partition %d runs without a CUDA graph: %s",
                          self.stats.graph, self.stats.partition, reason)
@@ -115,7 +134,7 @@ class PartitionGraph:
         if self.stats.recordings >= MAX_RECORDINGS:
             return f"more than {MAX_RECORDINGS} recordings (shapes, or in-place inputs that keep moving)"
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        if any(args[i].device.type != "cuda" for i in tensors):
+        if any(args[i].device.type != DEVICE_TYPE for i in tensors):
             return "a partition input is a CPU tensor (a graph would freeze its value): CGCT moves these"
         in_place = [i for i in tensors if i in self.partition.static or i in self.partition.mutated
                     or args[i].data_ptr() in _OUTPUT_PTRS]
@@ -144,7 +163,7 @@ class PartitionGraph:
         key = tuple(a for a in args if not isinstance(a, torch.Tensor))  # symbolic sizes, if any
         recording = self.recordings.get(key)
         if recording is not None and not adapter.data_ptrs_equal(args, recording.ptrs, recording.in_place):
-            del self.recordings[key]  # an in-place input moved: record again with its new address
+            self.recordings.pop(key).drop()  # an in-place input moved: record again with its new address
             recording = None
         if recording is None:
             recording = self._record(key, args)

@@ -158,8 +158,9 @@ def device_types(compiled) -> set[str]:
     return set(getattr(compiled, "device_types", ()) or ())
 
 
-def data_ptrs_equal(tensors: list, ptrs: list[int], idxs: list[int]) -> bool:
-    """tensors[i].data_ptr() == ptrs[k] for each i = idxs[k], in one C++ call (what graph trees use)."""
+def data_ptrs_equal(tensors: list, ptrs: list[int | None], idxs: list[int]) -> bool:
+    """tensors[i].data_ptr() == ptrs[i] for each i in idxs, in one C++ call (what graph trees use);
+    ptrs is as long as tensors."""
     return torch._C._tensors_data_ptrs_at_indices_equal(tensors, ptrs, idxs)
 
 

@@ -54,23 +54,95 @@ def test_explain_on_cpu_says_why_nothing_is_captured():
     assert "graph" in str(e)
 
 
-# --- the runtime's decisions, with a partition function that records what it was given -------------
+# --- the runtime's decisions, with a CPU stand-in for CUDA graph capture ----------------------------
 
-def test_partition_with_cpu_inputs_runs_without_graph_and_says_why():
-    calls = []
+def _partition_fn(calls):
+    """A partition in Inductor's boxed convention: y = x * w + 1, and w += 1 when asked to mutate."""
 
     def fn(args):
         calls.append(len(args))
-        out = args[0] * 2
+        x, w = args
         args.clear()
-        return (out,)
+        return (x * w + 1,)
 
+    return fn
+
+
+def fake_capture(fn, graph_args):
+    """Like a CUDA graph: runs on the arguments it was recorded with, writes the same output tensors."""
+    recorded = list(graph_args)
+    outputs = fn(graph_args)
+
+    def replay():
+        for out, fresh in zip(outputs, fn(list(recorded))):
+            out.copy_(fresh)
+
+    return replay, outputs, {"kernel": 1}
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch):
+    monkeypatch.setattr(runtime, "capture", fake_capture)
+    monkeypatch.setattr(runtime, "DEVICE_TYPE", "cpu")
+
+
+def _part(fn, static=(), mutated=()):
     stats = runtime.Stats(graph=0, backward=False, partition=0)
-    part = runtime.PartitionGraph(fn, Partition(0, frozenset(), frozenset()), stats)
-    x = torch.ones(4)
+    return runtime.PartitionGraph(fn, Partition(0, frozenset(static), frozenset(mutated)), stats), stats
+
+
+def test_runtime_records_then_replays_copying_only_non_static_inputs(cpu_graphs):
+    calls = []
+    part, stats = _part(_partition_fn(calls), static={1})
+    w = torch.full((4,), 2.0)
+    for i in range(5):
+        x = torch.randn(4)  # a new tensor each call: copied into the placeholder
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.status == "captured" and stats.recordings == 1 and stats.replays == 4 and stats.eager_calls == 0
+    assert (stats.in_place_inputs, stats.copied_inputs, stats.copy_bytes_per_replay) == (1, 1, 16)
+
+
+def test_runtime_records_again_when_a_static_input_moves(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    x = torch.randn(4)
+    for w in (torch.ones(4), torch.ones(4), torch.full((4,), 3.0), torch.full((4,), 3.0)):
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.recordings >= 2 and stats.status == "captured"
+
+
+def test_runtime_does_not_replay_over_outputs_still_held(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.ones(4)
+    part([torch.randn(4), w])  # warm-up
+    x1, x2 = torch.randn(4), torch.randn(4)
+    (y1,) = part([x1, w])  # recorded: y1 is the graph's output buffer
+    (y2,) = part([x2, w])  # y1 held: runs without the graph
+    torch.testing.assert_close(y1, x1 * w + 1)
+    torch.testing.assert_close(y2, x2 * w + 1)
+    assert stats.eager_calls == 1 and "still held" in stats.reason and stats.status == "captured"
+
+
+def test_runtime_gives_up_after_too_many_recordings(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    x = torch.randn(4)
+    for i in range(runtime.MAX_RECORDINGS + 3):
+        (y,) = part([x, torch.full((4,), float(i))])  # the static input moves every call
+        torch.testing.assert_close(y, x * i + 1)
+        del y
+    assert stats.status == "eager" and "more than 8 recordings" in stats.reason
+
+
+def test_partition_with_cpu_inputs_runs_without_graph_and_says_why():
+    calls = []
+    part, stats = _part(_partition_fn(calls))
+    x, w = torch.ones(4), torch.ones(4)
     for _ in range(3):
-        assert torch.equal(part([x])[0], x * 2)
-    assert calls == [1, 1, 1]  # every call ran the partition itself, once
+        assert torch.equal(part([x, w])[0], x * w + 1)
+    assert calls == [2, 2, 2]  # every call ran the partition itself, once
     assert stats.status == "eager" and "CPU tensor" in stats.reason
     assert stats.recordings == 0 and stats.replays == 0 and stats.eager_calls == 2  # call 1 is warm-up
 
