@@ -83,7 +83,12 @@ class _Recording:
         for i, p in zip(copied, self.placeholders):
             graph_args[i] = p
         self._replay, self.outputs, self.nodes = capture(fn, graph_args)
-        self.tensors = [t for t in self.outputs if isinstance(t, torch.Tensor)] if isinstance(self.outputs, (list, tuple)) else []
+        # Outputs in memory the graph writes (its pool, or a placeholder) are protected from being replayed
+        # over while held; an output that is an in-place input passed through (a parameter saved for
+        # backward) is the caller's memory, and the caller's references to it come and go.
+        callers = {args[i].untyped_storage().data_ptr() for i in in_place}
+        outputs = self.outputs if isinstance(self.outputs, (list, tuple)) else ()
+        self.tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in callers]
         self.baseline = self._references()
         self.output_ptrs = {t.data_ptr() for t in self.tensors}
         _OUTPUT_PTRS.update(self.output_ptrs)
@@ -97,7 +102,10 @@ class _Recording:
         return [adapter.references(t) for t in self.tensors]  # taken the same way each time: counts compare
 
     def outputs_alive(self) -> bool:
-        return self._references() != self.baseline
+        """Whether any output has more references than right after capture (fewer is fine: the count
+        then included temporaries)."""
+        return any(now > then for refs, base in zip(self._references(), self.baseline)
+                   for now, then in zip(refs, base))
 
     def replay(self, args: list) -> Any:
         if self.copied:

@@ -75,7 +75,8 @@ def fake_capture(fn, graph_args):
 
     def replay():
         for out, fresh in zip(outputs, fn(list(recorded))):
-            out.copy_(fresh)
+            if isinstance(out, torch.Tensor):
+                out.copy_(fresh)
 
     return replay, outputs, {"kernel": 1}
 
@@ -134,6 +135,40 @@ def test_runtime_gives_up_after_too_many_recordings(cpu_graphs):
         torch.testing.assert_close(y, x * i + 1)
         del y
     assert stats.status == "eager" and "more than 8 recordings" in stats.reason
+
+
+def test_runtime_keeps_replaying_a_training_forward_and_matches_eager(cpu_graphs):
+    """AOTAutograd's forward returns tensors saved for backward, parameters among them; the runtime
+    must not take the caller's own references to those for outputs still in use."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    forwards = []
+
+    def forward_compiler(gm, example_inputs):
+        params = frozenset(i for i, t in enumerate(example_inputs)
+                           if isinstance(t, torch.Tensor) and tuple(t.shape) != (3, 8))  # all but x
+        stats = runtime.Stats(graph=0, backward=False, partition=0)
+        forwards.append(stats)
+        part = runtime.PartitionGraph(make_boxed_func(gm.forward), Partition(0, params, frozenset()), stats)
+        part._boxed_call = True
+        return part
+
+    torch.compiler.reset()  # static shapes: earlier tests compiled the same module type
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda gm, _: make_boxed_func(gm.forward))
+    model, twin = _mlp(), _mlp()
+    compiled = torch.compile(model, backend=backend)
+    opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    for _ in range(5):
+        x = torch.randn(3, 8)
+        for m, o in ((compiled, opt), (twin, opt_twin)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+            o.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q)
+    (stats,) = forwards
+    assert stats.status == "captured" and stats.recordings == 1 and stats.replays == 4 and stats.eager_calls == 0
 
 
 def test_partition_with_cpu_inputs_runs_without_graph_and_says_why():
