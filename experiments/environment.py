@@ -35,14 +35,17 @@ class Environment:
 
 
 def _git_commit() -> str:
+    """GRACE_GIT_COMMIT when set (the device machine's copy of .git is the session's first snapshot, so
+    its HEAD is stale: the caller passes the commit it sent), else HEAD and whether the tree is dirty."""
+    if os.environ.get("GRACE_GIT_COMMIT"):
+        return os.environ["GRACE_GIT_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                                text=True, check=True).stdout
         return sha.strip() + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.CalledProcessError):
-        # A copy of the tree without .git (the device machine): the caller passes the commit in.
-        return os.environ.get("GRACE_GIT_COMMIT", "unknown")
+        return "unknown"
 
 
 def _driver_version() -> str | None:

@@ -27,7 +27,8 @@ from experiments.records import Record  # noqa: E402
 
 KEY = ["workload", "mode", "batch", "size", "variant", "run"]
 BASELINE = "inductor"
-LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "PyTorch2-CG", "cgct": "CGCT",
+LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "PyTorch2-CG",
+          "runtime": "GraCE runtime", "cgct": "CGCT",
           "pi": "PI", "scg": "SCG", "cgct_pi": "CGCT+PI", "grace": "GraCE"}
 GEOMEAN = "geomean"
 ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date"]

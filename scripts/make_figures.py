@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     for out in figures.paper_figures(records, args.out):
         print(out)
     print(report.write_shortfall(records, args.out))
+    for replays in sorted(args.results.glob(f"replay_overhead/{args.device}/replay.jsonl")):
+        print(report.write_replay_overhead(replays, args.out))
     results = report.summary(records)
     (args.out / "results.md").write_text(results)
     report.splice(results, args.readme)

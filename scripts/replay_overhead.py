@@ -82,7 +82,7 @@ def main() -> None:
     records = [measure(name, size, args.calls, args.rounds) for name, size in MODELS]
     out = Path(args.out) / environment.device_tag(environment.current())
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "records.jsonl"
+    path = out / "replay.jsonl"  # not records.jsonl: these are not sweep records
     with path.open("a") as f:
         for r in records:
             f.write(json.dumps(r, sort_keys=True) + "\n")
