@@ -2,7 +2,7 @@
 # One call on the GPU machine: the CUDA tests, then an experiment that stops starting workloads after a
 # time budget (rerun to resume). Records, logs and the test report land in $OUT, to be committed.
 #
-#   bash scripts/device_run.sh baselines 420            # experiment, budget in seconds
+#   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420   # experiment, budget in seconds
 #   TESTS=0 bash scripts/device_run.sh baselines 480 shard=0/2
 #
 # Needs the hydra-core, omegaconf and antlr4 wheels in .whl/ (README: "Running on a lent GPU").

@@ -18,6 +18,7 @@ def full() -> Record:
                 cudagraph_skips=1, cudagraph_skip_reasons=["skipping cudagraphs due to mutated inputs"],
                 graph_breaks=2, unique_graphs=3,
                 numerics=Numerics(True, 1e-3, 2e-3, 1e-3, 1.3e-2, "bfloat16", "d", "loss"),
+                grace={"partitions": 2, "captured": 1, "not_captured": ["capture failed: x"]},
                 measure={"rounds": 2, "iters": 3}, env={"gpu": "NVIDIA H200", "torch": "2.11.0", "git_commit": "abc"})
 
 
