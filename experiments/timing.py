@@ -11,10 +11,7 @@ from typing import Callable
 
 import torch
 
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from grace.calibrate import launch_cost_us, synchronize  # noqa: F401  (one definition, shared with SCG)
 
 
 def time_iterations(step: Callable[[], object], n: int, device: torch.device) -> list[float]:
@@ -27,19 +24,6 @@ def time_iterations(step: Callable[[], object], n: int, device: torch.device) ->
         synchronize(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return times
-
-
-def launch_cost_us(device: torch.device, launches: int) -> float:
-    """Host time per launch of a tiny kernel (an in-place add on one element), launches back to back."""
-    x = torch.zeros(1, device=device)
-    with torch.no_grad():
-        x.add_(1)  # first launch loads the kernel
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(launches):
-            x.add_(1)
-        synchronize(device)
-    return (time.perf_counter() - t0) * 1e6 / launches
 
 
 def sm_clock_mhz(device: torch.device) -> float | None:

@@ -29,6 +29,7 @@ log = logging.getLogger("grace")
 @dataclasses.dataclass(frozen=True)
 class Options:
     cgct: bool = True  # CUDA-Graph-aware code transformations (grace.cgct)
+    scg: bool = False  # selective CUDA graphs: per recording, graph or not, by cost (grace.scg)
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None) -> Options:
@@ -70,7 +71,8 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, **kwargs):
     for p in parts:
         stats = runtime.Stats(report.graph, backward, p.index)
         report.partitions.append(stats)
-        wrappers.append(functools.partial(runtime.PartitionGraph, partition=p, stats=stats))
+        wrappers.append(functools.partial(runtime.PartitionGraph, partition=p, stats=stats,
+                                          selective=report.options.scg))
     adapter.wrap_partitions(compiled, wrappers)
     return compiled
 

@@ -4,8 +4,8 @@ It compiles `fn` (a module or a function; for training, a function that runs the
 backend, calls it three times (warm-up, recording, replay) and reports, per partition of every graph
 compiled on the way: captured or not and why, graph nodes by kind (kernels inside the graph), replays
 and calls without the graph in the last call, inputs read in place and inputs copied, bytes copied per
-replay; and per graph what CGCT changed and the compiled graphs that have no partition at all (kernels
-that run outside any graph).
+replay, SCG's decision; and per graph what CGCT changed and the compiled graphs that have no partition at
+all (kernels that run outside any graph).
 """
 
 from __future__ import annotations
@@ -36,8 +36,22 @@ class Explanation:
                              "kernels_in_graph": nodes.get("kernel"), "replays": self.replays_last_call.get(key, 0),
                              "without_graph": self.eager_last_call.get(key, 0),
                              "inputs_in_place": s.in_place_inputs, "inputs_copied": s.copied_inputs,
-                             "bytes_copied_per_replay": s.copy_bytes_per_replay, "reason": s.reason or ""})
+                             "bytes_copied_per_replay": s.copy_bytes_per_replay,
+                             "scg": s.scg["choice"] if s.scg else "",
+                             "scg_agreed": s.scg["agreed"] if s.scg else None, "reason": s.reason or ""})
         return pd.DataFrame(rows)
+
+    def scg_decisions(self) -> dict[str, Any] | None:
+        """SCG's decisions: how many chose each candidate, how many were measured, and of those how many
+        the cost model predicted right; with each decision's numbers."""
+        decisions = [s.scg for g in self.graphs for s in g.partitions if s.scg]
+        if not decisions:
+            return None
+        measured = [d for d in decisions if d["measured_us"] is not None]
+        return {"graph": sum(d["choice"] == "graph" for d in decisions),
+                "eager": sum(d["choice"] == "eager" for d in decisions),
+                "measured": len(measured), "model_agreed": sum(bool(d["agreed"]) for d in measured),
+                "decisions": decisions}
 
     def summary(self) -> dict[str, Any]:
         """Totals for one call (the last): what the harness keeps in its records."""
@@ -51,6 +65,7 @@ class Explanation:
             "bytes_copied_per_call": int((df.bytes_copied_per_replay * df.replays).sum()) if len(df) else 0,
             "kernels_in_graphs": int(df.kernels_in_graph.fillna(0).mul(df.replays).sum()) if len(df) else 0,
             "not_captured": sorted({f"{r.reason}" for r in df.itertuples() if r.status != "captured"}),
+            "scg": self.scg_decisions(),
             "cgct": [note for g in self.graphs for note in g.cgct],
             "notes": [note for g in self.graphs for note in g.notes],
         }

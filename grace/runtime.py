@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from grace import cuda_driver, torch_adapter as adapter
+from grace import calibrate, cuda_driver, scg
+from grace import torch_adapter as adapter
 
 log = logging.getLogger("grace")
 
@@ -41,7 +42,7 @@ class Stats:
     graph: int  # the Dynamo graph (one torch.compile frame) it belongs to
     backward: bool
     partition: int
-    status: str = "warm-up"  # warm-up | captured | eager
+    status: str = "warm-up"  # warm-up | captured | eager (not capturable) | declined (SCG chose no graph)
     reason: str | None = None  # why not captured (eager), or why a call ran without the graph
     recordings: int = 0
     replays: int = 0
@@ -50,6 +51,7 @@ class Stats:
     copied_inputs: int = 0
     copy_bytes_per_replay: int = 0
     nodes: dict[str, int] | None = None  # the latest recording's graph nodes by kind (kernel, memcpy, ...)
+    scg: dict | None = None  # the latest SCG decision (grace.scg.Decision.as_dict), when SCG is on
 
 
 _OUTPUT_PTRS: set[int] = set()  # data_ptrs of every recorded graph's outputs: inputs read in place
@@ -69,7 +71,14 @@ def cuda_capture(fn: Callable, graph_args: list) -> tuple[Callable[[], None], An
     return graph.replay, outputs, nodes
 
 
+def cuda_timer(candidate: str, run: Callable[[], object]) -> float:
+    """SCG's timer: one untimed run (a fresh graph's first replay uploads it), then 5 back to back."""
+    run()
+    return calibrate.per_call_us(run, 5, torch.device("cuda", torch.cuda.current_device()))
+
+
 capture = cuda_capture  # what records a partition; tests put a CPU stand-in here
+timer = cuda_timer  # what SCG times candidates with; tests put a fake here
 DEVICE_TYPE = "cuda"  # where partition inputs must live to be captured
 
 
@@ -93,6 +102,7 @@ class _Recording:
         self.output_ptrs = {t.data_ptr() for t in self.tensors}
         _OUTPUT_PTRS.update(self.output_ptrs)
         self.copy_bytes = sum(p.numel() * p.element_size() for p in self.placeholders)
+        self.use_graph = True  # False once SCG decided that this recording runs faster without its graph
 
     def drop(self) -> None:
         """Forget this recording (its memory goes back once no output is held)."""
@@ -118,8 +128,8 @@ class _Recording:
 class PartitionGraph:
     """Wraps one partition function (boxed calling convention: it takes a list and empties it)."""
 
-    def __init__(self, fn: Callable, partition: adapter.Partition, stats: Stats):
-        self.fn, self.partition, self.stats = fn, partition, stats
+    def __init__(self, fn: Callable, partition: adapter.Partition, stats: Stats, selective: bool = False):
+        self.fn, self.partition, self.stats, self.selective = fn, partition, stats, selective
         self.recordings: dict[tuple, _Recording] = {}
         self.calls = 0
 
@@ -162,6 +172,24 @@ class PartitionGraph:
         s.nodes = recording.nodes
         return recording
 
+    def _costs(self, recording: _Recording, device: torch.device) -> scg.Costs | None:
+        if recording.nodes is None or device.type != "cuda":
+            return None  # nothing to predict from: measure
+        return scg.Costs(recording.nodes["kernel"], calibrate.launch_us(device), calibrate.replay_us(device),
+                         recording.copy_bytes, calibrate.copy_bytes_per_us(device), len(recording.copied))
+
+    def _select(self, recording: _Recording, args: list) -> None:
+        """SCG: graph or no graph for this recording, decided on this call's inputs (grace.scg)."""
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        runs = {"graph": lambda: recording.replay(list(args)), "eager": lambda: self.fn(list(args))}
+        snapshot = scg.Snapshot([args[i] for i in sorted(self.partition.mutated)])
+        decision = scg.decide(self._costs(recording, device), runs, timer, snapshot)
+        recording.use_graph = decision.choice == "graph"
+        self.stats.scg = decision.as_dict()
+        if not recording.use_graph:
+            self.stats.status = "declined"
+            self.stats.reason = "SCG: faster without a graph"
+
     def __call__(self, args: list) -> Any:
         self.calls += 1
         if self.stats.status == "eager":
@@ -177,7 +205,11 @@ class PartitionGraph:
             recording = self._record(key, args)
             if isinstance(recording, str):
                 return self._eager(args, recording, final=True)
-        elif recording.outputs_alive():
+            if self.selective:
+                self._select(recording, args)
+        if not recording.use_graph:
+            return self._eager(args)
+        if recording.outputs_alive():
             return self._eager(args, "outputs of the previous replay were still held by the caller")
         self.stats.replays += 1
         return recording.replay(args)

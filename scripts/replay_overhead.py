@@ -17,25 +17,16 @@ import argparse
 import dataclasses
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 import grace  # noqa: F401  (backend="grace")
+from grace.calibrate import per_call_us
 from experiments import environment, workloads
 from experiments.task import Task
 
 MODELS = [("mlp", "full"), ("resnet18", "full"), ("eos_chain", "tiny")]
-
-
-def _per_call_us(fn, calls: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def _bare(model, inputs):
@@ -64,7 +55,7 @@ def measure(name: str, size: str, calls: int, rounds: int) -> dict:
         for r in range(rounds):
             order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]
             for way in order:
-                per_round[way].append(_per_call_us(ways[way], calls))
+                per_round[way].append(per_call_us(ways[way], calls, torch.device("cuda")))
     median = {way: statistics.median(v) for way, v in per_round.items()}
     return {"model": name, "size": size, "calls": calls, "rounds": rounds,
             "median_us_per_call": median, "over_bare_us": {w: median[w] - median["bare"] for w in median},

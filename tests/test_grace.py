@@ -69,9 +69,12 @@ def _partition_fn(calls):
 
 
 def fake_capture(fn, graph_args):
-    """Like a CUDA graph: runs on the arguments it was recorded with, writes the same output tensors."""
+    """Like a CUDA graph: capturing has no effect (here fn runs on copies, the RNG state put back);
+    each replay runs on the arguments it was recorded with and writes the same output tensors."""
     recorded = list(graph_args)
-    outputs = fn(graph_args)
+    rng = torch.get_rng_state()
+    outputs = fn([a.clone() if isinstance(a, torch.Tensor) else a for a in graph_args])
+    torch.set_rng_state(rng)
 
     def replay():
         for out, fresh in zip(outputs, fn(list(recorded))):
@@ -275,3 +278,65 @@ def test_cgct_undoes_a_pass_that_breaks_an_output(monkeypatch):
     notes = cgct.apply(gm, [_fake_gpu(4), torch.zeros(10)])
     assert notes[0].startswith("wrong: undone (ValueError: an output would change device"), notes
     assert gm.code == before
+
+
+# --- SCG: the cost model, and decisions taken on a call's own inputs with a fake timer ---------------
+
+from grace import scg  # noqa: E402
+
+
+def _costs(kernels, copy_bytes=0, copies=0):
+    return scg.Costs(kernels=kernels, launch_us=10.0, replay_us=15.0, copy_bytes=copy_bytes,
+                     copy_bytes_per_us=2000.0, copies=copies)
+
+
+def test_cost_model_is_clear_where_one_side_wins_by_far_and_measures_otherwise():
+    assert scg.clear(scg.predict(_costs(50))) == "graph"  # 500 us of launches against one 15 us replay
+    assert scg.clear(scg.predict(_costs(1, copy_bytes=12_582_912, copies=3))) == "eager"  # EOS: copies cost more
+    assert scg.predict(_costs(2)) == {"graph": 15.0, "eager": 20.0}
+    assert scg.clear(scg.predict(_costs(2))) is None  # 25 % apart: too close to call without timing
+
+
+def test_decision_measures_when_unclear_and_says_whether_the_model_agreed():
+    timed = []
+    fake = {"graph": 30.0, "eager": 10.0}
+    d = scg.decide(_costs(2), {"graph": lambda: None, "eager": lambda: None},
+                   lambda name, run: timed.append(name) or fake[name], scg.Snapshot([]))
+    assert d.choice == "eager" and d.measured_us == fake and timed == ["graph", "eager"]
+    assert d.predicted_choice == "graph" and d.agreed is False
+    clear = scg.decide(_costs(50), {}, None, scg.Snapshot([]))
+    assert clear.choice == "graph" and clear.measured_us is None and clear.agreed is None
+
+
+def _noisy_counter(args):
+    """A partition that mutates an input (w += 1) and draws random numbers."""
+    x, w = args
+    args.clear()
+    w.add_(1)
+    return (x * w + torch.rand(4),)
+
+
+@pytest.mark.parametrize("faster", ["eager", "graph"])
+def test_scg_measures_safely_and_the_caller_sees_one_execution(cpu_graphs, monkeypatch, faster):
+    def fake_timer(name, run):  # runs each candidate twice, as a real timer would run it many times
+        run(), run()
+        return 1.0 if name == faster else 2.0
+
+    monkeypatch.setattr(runtime, "timer", fake_timer)
+    part, stats = _part(_noisy_counter, mutated={1})
+    part.selective = True
+    x, w = torch.randn(4), torch.zeros(4)
+    torch.manual_seed(0)
+    part([x, w])  # warm-up: w = 1
+    (y,) = part([x, w])  # recorded, decided (timing ran the partition 4 more times), then run once: w = 2
+    torch.manual_seed(0)
+    torch.rand(4)
+    expected = x * 2 + torch.rand(4)  # exactly one more execution's draw
+    torch.testing.assert_close(w, torch.full((4,), 2.0))
+    torch.testing.assert_close(y, expected)
+    assert stats.scg["choice"] == faster and stats.scg["measured_us"] == {faster: 1.0, ({"graph", "eager"} - {faster}).pop(): 2.0}
+    assert stats.status == ("declined" if faster == "eager" else "captured")
+    del y
+    (z,) = part([x, w])  # later calls follow the decision
+    torch.testing.assert_close(w, torch.full((4,), 3.0))
+    assert (stats.replays, stats.eager_calls) == ((0, 2) if faster == "eager" else (2, 0))

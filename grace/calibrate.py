@@ -1,0 +1,63 @@
+"""What the host and the device cost here, measured: the inputs of SCG's cost model and its timer.
+
+On the H200 machine the host's launch cost moves by up to 2x within seconds, so the per-process
+calibrations are taken once, when first needed, and kept in each decision's record.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def per_call_us(fn: Callable[[], object], calls: int, device: torch.device) -> float:
+    """Microseconds per call of `fn`, `calls` back to back between two synchronizations: the host's cost
+    shows where it exceeds the device's."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+def launch_cost_us(device: torch.device, launches: int) -> float:
+    """Host time per launch of a tiny kernel (an in-place add on one element), launches back to back."""
+    x = torch.zeros(1, device=device)
+    with torch.no_grad():
+        x.add_(1)  # the first launch loads the kernel
+        return per_call_us(lambda: x.add_(1), launches, device)
+
+
+@functools.cache
+def launch_us(device: torch.device) -> float:
+    """launch_cost_us, once per process and device."""
+    return launch_cost_us(device, 200)
+
+
+@functools.cache
+def copy_bytes_per_us(device: torch.device) -> float:
+    """Device-to-device copy bandwidth, once per process: 64 MiB copied ten times."""
+    src = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    return src.numel() / per_call_us(lambda: dst.copy_(src), 10, device)
+
+
+@functools.cache
+def replay_us(device: torch.device) -> float:
+    """Host time of one bare CUDA graph replay (of a one-kernel graph), once per process."""
+    x = torch.zeros(1, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    graph.replay()
+    return per_call_us(graph.replay, 200, device)

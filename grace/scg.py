@@ -1,0 +1,114 @@
+"""SCG: selective CUDA graphs. Per recording of a partition, run it as a graph only where that pays.
+
+A CUDA graph saves the host one launch per kernel, and costs a replay, the copies of non-static inputs
+into placeholders, and the bookkeeping around them. Which wins depends on the partition: a launch-bound
+stack of small kernels gains several times; an elementwise chain over large inputs (EOS) loses, its
+copies costing more than the launches they save.
+
+The decision is made once per recording, right after it, in two steps:
+1. predict() from what is known without timing: kernels in the graph, the host's launch cost and a bare
+   replay's cost (measured once per process, grace.calibrate), bytes the replay would copy and the copy
+   bandwidth. Where one side wins by more than CLEAR, that is the decision.
+2. Otherwise measure(): time both candidates on the call's own inputs. Inputs the partition mutates are
+   snapshotted and restored after each candidate, the RNG state too, so that the caller's results are
+   those of exactly one execution (the chosen candidate's, run after the measurement).
+Each decision keeps its inputs, the prediction, the times measured and whether they agreed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+CLEAR = 0.3  # predicted relative margin beyond which no timing is done
+CANDIDATES = ("graph", "eager")
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """What the model knows without timing the partition."""
+    kernels: int  # kernel nodes in the captured graph
+    launch_us: float  # host cost of one kernel launch
+    replay_us: float  # host cost of one bare graph replay
+    copy_bytes: int  # bytes copied into placeholders per replay
+    copy_bytes_per_us: float  # device copy bandwidth
+    copies: int  # tensors copied per replay (one launch for all of them, _foreach_copy_)
+
+
+@dataclasses.dataclass
+class Decision:
+    choice: str  # graph | eager
+    predicted_us: dict[str, float]  # per candidate, per call
+    measured_us: dict[str, float] | None = None  # per candidate, when the prediction was not clear
+    costs: Costs | None = None
+
+    @property
+    def predicted_choice(self) -> str | None:
+        return min(self.predicted_us, key=self.predicted_us.get) if self.predicted_us else None
+
+    @property
+    def agreed(self) -> bool | None:
+        """Whether the prediction picked what the measurement did (None: nothing measured or predicted)."""
+        if self.measured_us is None or not self.predicted_us:
+            return None
+        return self.predicted_choice == self.choice
+
+    def as_dict(self) -> dict:
+        return {"choice": self.choice, "predicted_us": self.predicted_us, "measured_us": self.measured_us,
+                "agreed": self.agreed, "costs": dataclasses.asdict(self.costs) if self.costs else None}
+
+
+def predict(c: Costs) -> dict[str, float]:
+    """Host time per call of each candidate. Without a graph every kernel is a launch; with one, a
+    replay plus the copies (one launch, and the bytes at the device's copy bandwidth, which the host
+    waits for only when the graph's work queues behind them: counted in full, to be safe)."""
+    eager = c.kernels * c.launch_us
+    graph = c.replay_us + (c.launch_us + c.copy_bytes / c.copy_bytes_per_us if c.copies else 0.0)
+    return {"graph": graph, "eager": eager}
+
+
+def clear(predicted: dict[str, float]) -> str | None:
+    """The candidate that wins by more than CLEAR of the slower one's time, if one does."""
+    fast, slow = sorted(predicted, key=predicted.get)
+    return fast if predicted[slow] > 0 and 1 - predicted[fast] / predicted[slow] > CLEAR else None
+
+
+Timer = Callable[[str, Callable[[], object]], float]  # (candidate, run once) -> us per call
+
+
+def measure(runs: dict[str, Callable[[], object]], timer: Timer, restore: Callable[[], None]) -> dict[str, float]:
+    """Time each candidate with `timer`, restoring the state the partition mutates after each."""
+    times = {}
+    for name, run in runs.items():
+        times[name] = timer(name, run)
+        restore()
+    return times
+
+
+class Snapshot:
+    """The inputs a partition mutates and the RNG states, put back by restore()."""
+
+    def __init__(self, mutated: list[torch.Tensor]):
+        self.mutated = mutated
+        self.saved = [t.clone() for t in mutated]
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        for t, s in zip(self.mutated, self.saved):
+            t.copy_(s)
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+def decide(costs: Costs | None, runs: dict[str, Callable[[], object]], timer: Timer, snapshot: Snapshot) -> Decision:
+    """The decision for one recording; without costs (no node counts) it is measured."""
+    predicted = predict(costs) if costs is not None else {}
+    choice = clear(predicted) if predicted else None
+    if choice is not None:
+        return Decision(choice, predicted, None, costs)
+    measured = measure(runs, timer, snapshot.restore)
+    return Decision(min(measured, key=measured.get), predicted, measured, costs)
