@@ -103,3 +103,46 @@ def test_cgct_moves_a_cpu_schedule_to_the_gpu_and_the_graph_captures_whole():
     compiled = torch.compile(model, backend="grace")
     for _ in range(3):
         torch.testing.assert_close(compiled(x, 3), model(x, 3))
+
+
+def eos_like(a, b, c):
+    return (a * b + c).sin() * a - b / (c.abs() + 1)
+
+
+@torch.no_grad()
+def test_scg_declines_a_graph_whose_input_copies_cost_more_than_its_launches():
+    torch.compiler.reset()
+    a, b, c = (torch.randn(4 * 2**20, device="cuda") for _ in range(3))
+    compiled = torch.compile(eos_like, backend="grace", options={"scg": True, "cgct": False})
+    for _ in range(4):
+        a, b, c = (torch.randn(4 * 2**20, device="cuda") for _ in range(3))  # new inputs: copies needed
+        torch.testing.assert_close(compiled(a, b, c), eos_like(a, b, c))
+    (stats,) = grace.REPORTS[-1].partitions
+    assert stats.scg["choice"] == "eager" and stats.status == "declined", stats.scg
+    assert stats.scg["costs"]["copy_bytes"] == 3 * 4 * 2**20 * 4
+
+
+def noisy_step(cache, x, pos):
+    cache.index_copy_(1, pos, torch.nn.functional.dropout(x, 0.5))  # mutates an input, draws random numbers
+    return cache.sum(dim=1)
+
+
+@torch.no_grad()
+def test_scg_timing_leaves_mutated_inputs_and_rng_as_after_one_execution():
+    torch.compiler.reset()
+    caches = {scg: torch.zeros(4, 8, device="cuda") for scg in (True, False)}
+    compiled = {scg: torch.compile(noisy_step, backend="grace", options={"scg": scg}) for scg in (True, False)}
+    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    for step in range(4):
+        x = torch.randn(4, 1, device="cuda")
+        pos.fill_(step)
+        state, outs, after = torch.cuda.get_rng_state(), {}, {}
+        for scg in (True, False):  # from the same RNG state: SCG's timing runs must leave no trace
+            torch.cuda.set_rng_state(state)
+            outs[scg] = compiled[scg](caches[scg], x, pos).clone()
+            after[scg] = torch.cuda.get_rng_state()
+        torch.testing.assert_close(outs[True], outs[False])
+        torch.testing.assert_close(caches[True], caches[False])
+        assert torch.equal(after[True], after[False])
+    decisions = [s.scg for g in grace.REPORTS for s in g.partitions if s.scg]
+    assert decisions, "SCG decided nothing"
