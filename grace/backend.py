@@ -29,6 +29,7 @@ log = logging.getLogger("grace")
 @dataclasses.dataclass(frozen=True)
 class Options:
     cgct: bool = True  # CUDA-Graph-aware code transformations (grace.cgct)
+    pi: bool = False  # parameter indirection: replays read non-static inputs in place (grace.pi)
     scg: bool = False  # selective CUDA graphs: per recording, graph or not, by cost (grace.scg)
 
     @classmethod
@@ -72,7 +73,7 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, **kwargs):
         stats = runtime.Stats(report.graph, backward, p.index)
         report.partitions.append(stats)
         wrappers.append(functools.partial(runtime.PartitionGraph, partition=p, stats=stats,
-                                          selective=report.options.scg))
+                                          selective=report.options.scg, indirect=report.options.pi))
     adapter.wrap_partitions(compiled, wrappers)
     return compiled
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections import Counter
 
 try:
@@ -20,13 +21,56 @@ def _check(result):
     return values[0] if len(values) == 1 else values
 
 
-def node_counts(raw_graph: int) -> dict[str, int] | None:
-    """Nodes of a captured cudaGraph_t by kind (kernel, memcpy, memset, other); None without
-    cuda-bindings."""
-    if driver is None:
-        return None
+def nodes(raw_graph: int) -> list[tuple[object, str]]:
+    """The nodes of a captured cudaGraph_t with their kinds (kernel, memcpy, memset, other)."""
     graph = driver.CUgraph(raw_graph)
     _, n = _check(driver.cuGraphGetNodes(graph, 0))
-    nodes, _ = _check(driver.cuGraphGetNodes(graph, n))
-    kinds = Counter(_KINDS.get(_check(driver.cuGraphNodeGetType(node)).name, "other") for node in nodes)
+    handles, _ = _check(driver.cuGraphGetNodes(graph, n))
+    return [(h, _KINDS.get(_check(driver.cuGraphNodeGetType(h)).name, "other")) for h in handles]
+
+
+def node_counts(raw_graph: int) -> dict[str, int] | None:
+    """Nodes of a captured cudaGraph_t by kind; None without cuda-bindings."""
+    if driver is None:
+        return None
+    kinds = Counter(kind for _, kind in nodes(raw_graph))
     return {k: kinds.get(k, 0) for k in ("kernel", "memcpy", "memset", "other")}
+
+
+def _param_sizes(params) -> list[int]:
+    """Sizes of a kernel's parameters, from the function (or, for library kernels, the kernel) handle."""
+    info = (lambda i: driver.cuFuncGetParamInfo(params.func, i)) if int(params.func) else (
+        lambda i: driver.cuKernelGetParamInfo(params.kern, i))
+    sizes = []
+    while True:
+        err, _, size = info(len(sizes))
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return sizes
+        sizes.append(size)
+
+
+def kernel_params(node) -> tuple[object, list[bytes]]:
+    """A kernel node's parameter struct and the bytes of each of its parameters. A node launched with
+    `extra` (one packed buffer) rather than kernelParams is reported with no parameters."""
+    params = _check(driver.cuGraphKernelNodeGetParams(node))
+    array = int(params.kernelParams or 0)
+    if not array:
+        return params, []
+    values = []
+    for i, size in enumerate(_param_sizes(params)):
+        address = ctypes.c_void_p.from_address(array + i * ctypes.sizeof(ctypes.c_void_p)).value
+        values.append(ctypes.string_at(address, size))
+    return params, values
+
+
+def copy_addresses(node, kind: str) -> list[int]:
+    """Device addresses a memcpy (source and destination) or memset (destination) node touches."""
+    if kind == "memcpy":
+        p = _check(driver.cuGraphMemcpyNodeGetParams(node))
+        return [int(p.srcDevice), int(p.dstDevice)]
+    p = _check(driver.cuGraphMemsetNodeGetParams(node))
+    return [int(p.dst)]
+
+
+def set_kernel_params(raw_exec: int, node, params) -> None:
+    _check(driver.cuGraphExecKernelNodeSetParams(driver.CUgraphExec(raw_exec), node, params))

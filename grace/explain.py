@@ -35,7 +35,8 @@ class Explanation:
                              "partition": s.partition, "status": s.status,
                              "kernels_in_graph": nodes.get("kernel"), "replays": self.replays_last_call.get(key, 0),
                              "without_graph": self.eager_last_call.get(key, 0),
-                             "inputs_in_place": s.in_place_inputs, "inputs_copied": s.copied_inputs,
+                             "inputs_in_place": s.in_place_inputs, "inputs_copied": s.copied_inputs - s.pi_inputs,
+                             "inputs_pi": s.pi_inputs,
                              "bytes_copied_per_replay": s.copy_bytes_per_replay,
                              "scg": s.scg["choice"] if s.scg else "",
                              "scg_agreed": s.scg["agreed"] if s.scg else None, "reason": s.reason or ""})
@@ -65,6 +66,8 @@ class Explanation:
             "bytes_copied_per_call": int((df.bytes_copied_per_replay * df.replays).sum()) if len(df) else 0,
             "kernels_in_graphs": int(df.kernels_in_graph.fillna(0).mul(df.replays).sum()) if len(df) else 0,
             "not_captured": sorted({f"{r.reason}" for r in df.itertuples() if r.status != "captured"}),
+            "pi_inputs": int(df.inputs_pi.sum()) if len(df) else 0,
+            "pi_left_to_copy": sorted({why for g in self.graphs for s in g.partitions for why in s.pi_reasons}),
             "scg": self.scg_decisions(),
             "cgct": [note for g in self.graphs for note in g.cgct],
             "notes": [note for g in self.graphs for note in g.notes],

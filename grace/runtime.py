@@ -27,8 +27,9 @@ from typing import Any, Callable
 
 import torch
 
-from grace import calibrate, cuda_driver, scg
+from grace import calibrate, cuda_driver, pi, scg
 from grace import torch_adapter as adapter
+from grace.snapshot import Snapshot
 
 log = logging.getLogger("grace")
 
@@ -52,14 +53,24 @@ class Stats:
     copy_bytes_per_replay: int = 0
     nodes: dict[str, int] | None = None  # the latest recording's graph nodes by kind (kernel, memcpy, ...)
     scg: dict | None = None  # the latest SCG decision (grace.scg.Decision.as_dict), when SCG is on
+    pi_inputs: int = 0  # copied inputs that PI reads in place instead (latest recording)
+    pi_reasons: list[str] = dataclasses.field(default_factory=list)  # why PI left an input to the copy
 
 
 _OUTPUT_PTRS: set[int] = set()  # data_ptrs of every recorded graph's outputs: inputs read in place
 
 
-def cuda_capture(fn: Callable, graph_args: list) -> tuple[Callable[[], None], Any, dict[str, int] | None]:
-    """Capture fn(graph_args) in a CUDA graph: (replay, the outputs it writes, its nodes by kind)."""
-    graph = torch.cuda.CUDAGraph(keep_graph=True)  # kept to read its nodes (and, for PI, patch them)
+@dataclasses.dataclass
+class Captured:
+    replay: Callable[[], None]
+    outputs: Any  # what the partition returned while captured: the tensors every replay writes
+    nodes: dict[str, int] | None  # graph nodes by kind
+    graph: torch.cuda.CUDAGraph | None  # kept (keep_graph=True) for PI to read and patch its nodes
+
+
+def cuda_capture(fn: Callable, graph_args: list) -> Captured:
+    """Capture fn(graph_args) in a CUDA graph."""
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         outputs = fn(graph_args)
     try:
@@ -68,7 +79,7 @@ def cuda_capture(fn: Callable, graph_args: list) -> tuple[Callable[[], None], An
         log.warning("grace: could not read the graph's nodes: %s", e)
         nodes = None
     graph.instantiate()
-    return graph.replay, outputs, nodes
+    return Captured(graph.replay, outputs, nodes, graph)
 
 
 def cuda_timer(candidate: str, run: Callable[[], object]) -> float:
@@ -83,7 +94,7 @@ DEVICE_TYPE = "cuda"  # where partition inputs must live to be captured
 
 
 class _Recording:
-    def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int]):
+    def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int], mutated: list[int]):
         self.in_place, self.copied = in_place, copied
         self.ptrs = [args[i].data_ptr() if i in in_place else None for i in range(len(args))]
         self.placeholders = [torch.empty_strided(args[i].size(), args[i].stride(), dtype=args[i].dtype,
@@ -91,7 +102,10 @@ class _Recording:
         graph_args = list(args)
         for i, p in zip(copied, self.placeholders):
             graph_args[i] = p
-        self._replay, self.outputs, self.nodes = capture(fn, graph_args)
+        captured = capture(fn, graph_args)
+        self._replay, self.outputs, self.nodes, self.graph = captured.replay, captured.outputs, captured.nodes, captured.graph
+        self.mutated = mutated
+        self.indirection: pi.Indirection | None = None
         # Outputs in memory the graph writes (its pool, or a placeholder) are protected from being replayed
         # over while held; an output that is an in-place input passed through (a parameter saved for
         # backward) is the caller's memory, and the caller's references to it come and go.
@@ -102,7 +116,24 @@ class _Recording:
         self.output_ptrs = {t.data_ptr() for t in self.tensors}
         _OUTPUT_PTRS.update(self.output_ptrs)
         self.copy_bytes = sum(p.numel() * p.element_size() for p in self.placeholders)
+        self.copies, self.patched_nodes = len(copied), 0  # per replay: tensors copied, nodes PI may patch
         self.use_graph = True  # False once SCG decided that this recording runs faster without its graph
+
+    def _point(self, args: list) -> None:
+        """PI's replay path: the graph reads each served input where it lies; an input whose layout is
+        not the recorded one (misaligned, other strides) and every unserved input is copied."""
+        served, ptrs, dst, src = self.indirection.inputs, {}, [], []
+        for i, p in zip(self.copied, self.placeholders):
+            a = args[i]
+            if i in served and a.data_ptr() % ALIGNMENT == 0 and a.stride() == p.stride():
+                ptrs[i] = a.data_ptr()
+            else:
+                dst.append(p), src.append(a)
+                if i in served:
+                    ptrs[i] = p.data_ptr()
+        self.indirection.point(ptrs)
+        if dst:
+            torch._foreach_copy_(dst, src)
 
     def drop(self) -> None:
         """Forget this recording (its memory goes back once no output is held)."""
@@ -117,8 +148,42 @@ class _Recording:
         return any(now > then for refs, base in zip(self._references(), self.baseline)
                    for now, then in zip(refs, base))
 
+    def indirect(self, args: list) -> list[str]:
+        """Turn PI on for this recording: find the kernel parameters that point into placeholders and
+        check once, on this call's inputs, that the graph reading them in place computes what it computes
+        on copies. Returns why inputs stay copied (all of them, if the check fails)."""
+        if self.graph is None:
+            return ["no CUDA graph to patch"]
+        ranges = {i: (p.data_ptr(), p.untyped_storage().nbytes()) for i, p in zip(self.copied, self.placeholders)}
+        try:
+            indirection = pi.Indirection(self.graph.raw_cuda_graph(), self.graph.raw_cuda_graph_exec(), ranges)
+        except Exception as e:  # an unexpected node or driver answer: copies, as stock does
+            return [f"PI: could not read the graph's kernel parameters ({type(e).__name__}: {e})"]
+        reasons = [f"PI: input {i}: {why}" for i, why in indirection.reasons.items()]
+        if not indirection.inputs:
+            return reasons
+        snapshot = Snapshot([args[i] for i in self.mutated])
+        torch._foreach_copy_(self.placeholders, [args[i] for i in self.copied])
+        self._replay()
+        reference = [t.clone() for t in self.tensors]
+        snapshot.restore()
+        for i, p in zip(self.copied, self.placeholders):  # a node still reading a placeholder would show
+            if i in indirection.inputs:
+                p.fill_(True if p.dtype == torch.bool else 7)
+        indirection.point({i: args[i].data_ptr() for i in indirection.inputs})
+        self._replay()
+        same = all(torch.equal(t, r) for t, r in zip(self.tensors, reference))
+        snapshot.restore()
+        if not same:
+            indirection.point({i: ranges[i][0] for i in indirection.inputs})
+            return reasons + ["PI: the graph reading inputs in place disagreed with the graph on copies"]
+        self.indirection = indirection
+        return reasons
+
     def replay(self, args: list) -> Any:
-        if self.copied:
+        if self.indirection is not None:
+            self._point(args)
+        elif self.copied:
             torch._foreach_copy_(self.placeholders, [args[i] for i in self.copied])
         args.clear()
         self._replay()
@@ -128,8 +193,10 @@ class _Recording:
 class PartitionGraph:
     """Wraps one partition function (boxed calling convention: it takes a list and empties it)."""
 
-    def __init__(self, fn: Callable, partition: adapter.Partition, stats: Stats, selective: bool = False):
-        self.fn, self.partition, self.stats, self.selective = fn, partition, stats, selective
+    def __init__(self, fn: Callable, partition: adapter.Partition, stats: Stats, selective: bool = False,
+                 indirect: bool = False):
+        self.fn, self.partition, self.stats = fn, partition, stats
+        self.selective, self.indirect = selective, indirect  # SCG, PI
         self.recordings: dict[tuple, _Recording] = {}
         self.calls = 0
 
@@ -162,7 +229,7 @@ class PartitionGraph:
         if any(adapter.has_internal_overlap(args[i]) for i in copied):
             return "an input has overlapping memory (expanded): it cannot get a placeholder"
         try:
-            recording = _Recording(self.fn, args, in_place, copied)
+            recording = _Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated))
         except Exception as e:  # capture failed (a synchronising op, say): never the user's problem
             return f"capture failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         self.recordings[key] = recording
@@ -170,19 +237,28 @@ class PartitionGraph:
         s.status, s.recordings = "captured", s.recordings + 1
         s.in_place_inputs, s.copied_inputs, s.copy_bytes_per_replay = len(in_place), len(copied), recording.copy_bytes
         s.nodes = recording.nodes
+        if self.indirect and copied:
+            s.pi_reasons = recording.indirect(args)
+            served = recording.indirection.inputs if recording.indirection else set()
+            s.pi_inputs = len(served)
+            s.copy_bytes_per_replay = sum(p.numel() * p.element_size() for i, p in zip(copied, recording.placeholders)
+                                          if i not in served)
+            recording.copy_bytes, recording.copies = s.copy_bytes_per_replay, len(copied) - len(served)
+            recording.patched_nodes = len(recording.indirection.nodes) if recording.indirection else 0
         return recording
 
     def _costs(self, recording: _Recording, device: torch.device) -> scg.Costs | None:
         if recording.nodes is None or device.type != "cuda":
             return None  # nothing to predict from: measure
         return scg.Costs(recording.nodes["kernel"], calibrate.launch_us(device), calibrate.replay_us(device),
-                         recording.copy_bytes, calibrate.copy_bytes_per_us(device), len(recording.copied))
+                         recording.copy_bytes, calibrate.copy_bytes_per_us(device), recording.copies,
+                         recording.patched_nodes)
 
     def _select(self, recording: _Recording, args: list) -> None:
         """SCG: graph or no graph for this recording, decided on this call's inputs (grace.scg)."""
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
         runs = {"graph": lambda: recording.replay(list(args)), "eager": lambda: self.fn(list(args))}
-        snapshot = scg.Snapshot([args[i] for i in sorted(self.partition.mutated)])
+        snapshot = Snapshot([args[i] for i in sorted(self.partition.mutated)])
         decision = scg.decide(self._costs(recording, device), runs, timer, snapshot)
         recording.use_graph = decision.choice == "graph"
         self.stats.scg = decision.as_dict()

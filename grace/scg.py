@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-import torch
+from grace.snapshot import Snapshot
 
 CLEAR = 0.3  # predicted relative margin beyond which no timing is done
 CANDIDATES = ("graph", "eager")
@@ -35,6 +35,11 @@ class Costs:
     copy_bytes: int  # bytes copied into placeholders per replay
     copy_bytes_per_us: float  # device copy bandwidth
     copies: int  # tensors copied per replay (one launch for all of them, _foreach_copy_)
+    patched_nodes: int = 0  # kernel nodes PI re-points when the inputs move (each a driver call)
+
+
+PATCH_US = 2.0  # host cost of re-pointing one kernel node: the target (DESIGN.md measured 1.5 us per
+                # cuGraphExecKernelNodeSetParams on the H200), counted as if the inputs moved every call
 
 
 @dataclasses.dataclass
@@ -63,9 +68,11 @@ class Decision:
 def predict(c: Costs) -> dict[str, float]:
     """Host time per call of each candidate. Without a graph every kernel is a launch; with one, a
     replay plus the copies (one launch, and the bytes at the device's copy bandwidth, which the host
-    waits for only when the graph's work queues behind them: counted in full, to be safe)."""
+    waits for only when the graph's work queues behind them: counted in full, to be safe), plus PI's
+    node updates."""
     eager = c.kernels * c.launch_us
-    graph = c.replay_us + (c.launch_us + c.copy_bytes / c.copy_bytes_per_us if c.copies else 0.0)
+    graph = (c.replay_us + (c.launch_us + c.copy_bytes / c.copy_bytes_per_us if c.copies else 0.0)
+             + c.patched_nodes * PATCH_US)
     return {"graph": graph, "eager": eager}
 
 
@@ -85,23 +92,6 @@ def measure(runs: dict[str, Callable[[], object]], timer: Timer, restore: Callab
         times[name] = timer(name, run)
         restore()
     return times
-
-
-class Snapshot:
-    """The inputs a partition mutates and the RNG states, put back by restore()."""
-
-    def __init__(self, mutated: list[torch.Tensor]):
-        self.mutated = mutated
-        self.saved = [t.clone() for t in mutated]
-        self.cpu_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-
-    def restore(self) -> None:
-        for t, s in zip(self.mutated, self.saved):
-            t.copy_(s)
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
 
 
 def decide(costs: Costs | None, runs: dict[str, Callable[[], object]], timer: Timer, snapshot: Snapshot) -> Decision:

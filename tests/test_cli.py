@@ -26,7 +26,7 @@ def recorded(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["experiment=smoke", "workload=[mlp,nope]"], "error: unknown workload 'nope' (known: ALNET, BERT,"),
-    (["experiment=smoke", "variant=eager,nope"], "error: unknown variant 'nope' (known: cgct, eager,"),
+    (["experiment=smoke", "variant=eager,nope"], "error: unknown variant 'nope' (known: cgct, cgct_pi, eager,"),
     (["experiment=smoke", "workload=[mlp]", "workload.mlp.name=nope"], "error: workload 'mlp': unknown workload 'nope'"),
     (["experiment=smoke", "workload=[EOS]", "workload.EOS.mode=train"], "no train mode"),
     (["experiment=smoke", "shard=3"], "error: shard must be"),

@@ -81,7 +81,7 @@ def fake_capture(fn, graph_args):
             if isinstance(out, torch.Tensor):
                 out.copy_(fresh)
 
-    return replay, outputs, {"kernel": 1}
+    return runtime.Captured(replay, outputs, {"kernel": 1}, None)
 
 
 @pytest.fixture
@@ -283,6 +283,7 @@ def test_cgct_undoes_a_pass_that_breaks_an_output(monkeypatch):
 # --- SCG: the cost model, and decisions taken on a call's own inputs with a fake timer ---------------
 
 from grace import scg  # noqa: E402
+from grace.snapshot import Snapshot  # noqa: E402
 
 
 def _costs(kernels, copy_bytes=0, copies=0):
@@ -301,10 +302,10 @@ def test_decision_measures_when_unclear_and_says_whether_the_model_agreed():
     timed = []
     fake = {"graph": 30.0, "eager": 10.0}
     d = scg.decide(_costs(2), {"graph": lambda: None, "eager": lambda: None},
-                   lambda name, run: timed.append(name) or fake[name], scg.Snapshot([]))
+                   lambda name, run: timed.append(name) or fake[name], Snapshot([]))
     assert d.choice == "eager" and d.measured_us == fake and timed == ["graph", "eager"]
     assert d.predicted_choice == "graph" and d.agreed is False
-    clear = scg.decide(_costs(50), {}, None, scg.Snapshot([]))
+    clear = scg.decide(_costs(50), {}, None, Snapshot([]))
     assert clear.choice == "graph" and clear.measured_us is None and clear.agreed is None
 
 
@@ -340,3 +341,49 @@ def test_scg_measures_safely_and_the_caller_sees_one_execution(cpu_graphs, monke
     (z,) = part([x, w])  # later calls follow the decision
     torch.testing.assert_close(w, torch.full((4,), 3.0))
     assert (stats.replays, stats.eager_calls) == ((0, 2) if faster == "eager" else (2, 0))
+
+
+# --- PI: finding and rewriting the parameter words that point into placeholders ----------------------
+
+import ctypes  # noqa: E402
+
+from grace import pi  # noqa: E402
+
+
+def _words(*values: int) -> bytes:
+    return b"".join(v.to_bytes(8, "little") for v in values)
+
+
+def test_pi_finds_pointers_in_plain_and_struct_parameters():
+    ranges = {0: (0x1000, 64), 1: (0x2000, 128)}
+    params = [_words(0x1010),                        # a Triton pointer argument, 16 bytes into input 0
+              (7).to_bytes(4, "little"),             # an int32
+              _words(42, 0x2000, 0x2000 + 128),      # a cuBLAS-style struct: a pointer, and one just past
+              _words(0x1000 - 8)]                    # just before input 0: not a site
+    assert pi.find_sites(params, ranges) == [pi.Site(0, 0, 0, 16), pi.Site(2, 8, 1, 0)]
+
+
+class FakeParams:
+    kernelParams = 0
+
+
+def test_pi_points_only_nodes_that_read_a_moved_input_and_never_a_memcpy_input(monkeypatch):
+    ranges = {0: (0x1000, 64), 1: (0x2000, 64)}
+    kernels = {"k0": [_words(0x1000), _words(0x2000)], "k1": [_words(0x1008)], "k2": [(1).to_bytes(4, "little")]}
+    graph = [("k0", "kernel"), ("k1", "kernel"), ("k2", "kernel"), ("m", "memcpy")]
+    updates = []
+
+    def set_kernel_params(exec_, node, params):  # read back what the graph would now get
+        array = (ctypes.c_void_p * 2).from_address(params.kernelParams)
+        updates.append((node, ctypes.c_uint64.from_address(array[0]).value))
+
+    monkeypatch.setattr(pi.cuda_driver, "nodes", lambda raw: graph)
+    monkeypatch.setattr(pi.cuda_driver, "kernel_params", lambda node: (FakeParams(), kernels[node]))
+    monkeypatch.setattr(pi.cuda_driver, "copy_addresses", lambda node, kind: [0x2010, 0x9000])
+    monkeypatch.setattr(pi.cuda_driver, "set_kernel_params", set_kernel_params)
+    ind = pi.Indirection(raw_graph=1, raw_exec=2, ranges=ranges)
+    assert ind.inputs == {0} and ind.reasons == {1: "a memcpy or memset node reads it"}
+    assert [n.node for n in ind.nodes] == ["k0", "k1"]
+    assert ind.point({0: 0x1000}) == 0  # not moved: no driver call
+    assert ind.point({0: 0x5000}) == 2 and updates == [("k0", 0x5000), ("k1", 0x5008)]
+    assert ind.point({0: 0x5000}) == 0 and len(updates) == 2

@@ -146,3 +146,45 @@ def test_scg_timing_leaves_mutated_inputs_and_rng_as_after_one_execution():
         assert torch.equal(after[True], after[False])
     decisions = [s.scg for g in grace.REPORTS for s in g.partitions if s.scg]
     assert decisions, "SCG decided nothing"
+
+
+def matmul_relu(x, w):
+    return torch.relu(x @ w) * 2  # a cuBLAS kernel (pointers inside a struct) and a Triton kernel
+
+
+@torch.no_grad()
+def test_pi_reads_inputs_in_place_for_library_and_triton_kernels():
+    torch.compiler.reset()
+    compiled = torch.compile(matmul_relu, backend="grace", options={"pi": True, "cgct": False})
+    for _ in range(5):  # new tensors every call: each replay re-points the graph, copies nothing
+        x, w = torch.randn(64, 128, device="cuda"), torch.randn(128, 32, device="cuda")
+        torch.testing.assert_close(compiled(x, w), matmul_relu(x, w))
+    (stats,) = grace.REPORTS[-1].partitions
+    assert stats.status == "captured" and stats.pi_inputs == 2, (stats, stats.pi_reasons)
+    assert stats.copy_bytes_per_replay == 0
+
+
+@torch.no_grad()
+def test_pi_copies_an_input_whose_layout_differs_and_stays_right():
+    torch.compiler.reset()
+    compiled = torch.compile(matmul_relu, backend="grace", options={"pi": True, "cgct": False})
+    w = torch.randn(128, 32, device="cuda")
+    for _ in range(3):
+        compiled(torch.randn(64, 128, device="cuda"), w)
+    flat = torch.randn(64 * 128 + 1, device="cuda")
+    x = flat[1:].view(64, 128)  # 4 bytes past an aligned address: PI copies it for this call
+    assert x.data_ptr() % 16 != 0
+    torch.testing.assert_close(compiled(x, w), matmul_relu(x, w))
+    x2 = torch.randn(64, 128, device="cuda")
+    torch.testing.assert_close(compiled(x2, w), matmul_relu(x2, w))  # and back to reading in place
+
+
+@torch.no_grad()
+def test_pi_with_inputs_that_alias_each_other():
+    torch.compiler.reset()
+    f = lambda a, b: a * 2 + b  # noqa: E731
+    compiled = torch.compile(f, backend="grace", options={"pi": True, "cgct": False})
+    for _ in range(4):
+        base = torch.randn(1025, device="cuda")
+        a, b = base[:1024], base[1:]  # overlapping views of one storage
+        torch.testing.assert_close(compiled(a, b), f(a, b))
