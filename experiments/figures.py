@@ -7,10 +7,12 @@ record for a workload is drawn as "missing", never as zero.
 - fig10_ablation: CGCT, +PI, +SCG with PyTorch2-CG overlaid (Fig 10)
 - table2_coverage: % of kernels launched inside CUDA graphs (Table 2)
 - table3_copy_bytes: bytes copied into CUDA-graph inputs per iteration (Table 3)
+- pi_microbench:  host time per call against input size, copy vs PI vs bare replay (issue 5)
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -96,9 +98,9 @@ def with_geomean(table: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([table, pd.DataFrame(row, index=[label])])
 
 
-def _save(fig, data: pd.DataFrame, out: Path, name: str) -> Path:
+def _save(fig, data: pd.DataFrame, out: Path, name: str, index_label: str = "workload") -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    data.to_csv(out / f"{name}.csv", index_label="workload")
+    data.to_csv(out / f"{name}.csv", index_label=index_label)
     for ext in ("pdf", "png"):
         fig.savefig(out / f"{name}.{ext}", bbox_inches="tight", dpi=150)
     plt.close(fig)
@@ -183,3 +185,23 @@ def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
         coverage_table(records, out),
         copy_bytes_table(records, out),
     ]
+
+
+def pi_microbench_figure(sizes: Path, out: Path) -> Path:
+    """paper_figures/pi_microbench.{png,pdf,csv} from scripts/pi_microbench.py's JSON lines: host time
+    per call against input size for the copy path, PI and a bare replay, and where PI starts to win."""
+    rows = [json.loads(line) for line in sizes.read_text().splitlines() if line.strip()]
+    table = pd.DataFrame({r["bytes_per_input"]: r["median_us_per_call"] for r in rows}).T.sort_index()
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for way, color in zip(("copy", "pi", "bare"), sns.color_palette("colorblind", 3)):
+        ax.plot(table.index, table[way], marker="o", label={"copy": "copy into placeholder (stock)",
+                                                           "pi": "PI (re-point kernels)",
+                                                           "bare": "bare replay"}[way], color=color)
+    wins = table.index[table["pi"] < table["copy"]]
+    if len(wins):
+        ax.axvline(wins[0], color="grey", linestyle=":", label=f"PI faster from {wins[0]:,} bytes")
+    ax.set(xscale="log", yscale="log", xlabel="bytes per input (three inputs)", ylabel="host us per call",
+           title="One graph, fresh inputs every call")
+    ax.legend()
+    return _save(fig, table, out, "pi_microbench", index_label="bytes per input")

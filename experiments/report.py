@@ -117,6 +117,23 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
     return "\n".join(lines) + "\n"
 
 
+def spread(records: Iterable[Record]) -> str:
+    """Run-to-run spread: for each (workload, variant) measured in two or more runs (experiment=spread),
+    each run's median and (max - min) / min, so a reader knows which differences are noise."""
+    df = frame(records)
+    ok = df[df["status"] == "ok"]
+    runs = ok.pivot_table(index=["label", "variant"], columns="run", values="median_ms")
+    runs = runs[runs.notna().sum(axis=1) >= 2]
+    if runs.empty:
+        return ""
+    table = runs.rename(columns=lambda r: f"run {r} ms")
+    table["spread %"] = 100 * (runs.max(axis=1) - runs.min(axis=1)) / runs.min(axis=1)
+    table.index = [f"{label} / {variant}" for label, variant in table.index]
+    return ("\n### Run-to-run spread\n\nThe same workload and variant measured again by fresh processes "
+            f"(median of each run); over these, the spread is {table['spread %'].median():.3g} % at the median "
+            f"and {table['spread %'].max():.3g} % at most.\n\n" + _markdown(table, ".3g") + "\n")
+
+
 def splice(text: str, into: Path) -> None:
     """Put `text` between the results markers of `into` (the README), leaving the rest as it is."""
     doc = into.read_text()

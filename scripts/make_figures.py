@@ -38,7 +38,9 @@ def main(argv=None) -> int:
     print(report.write_shortfall(records, args.out))
     for replays in sorted(args.results.glob(f"replay_overhead/{args.device}/replay.jsonl")):
         print(report.write_replay_overhead(replays, args.out))
-    results = report.summary(records)
+    for sizes in sorted(args.results.glob(f"pi_microbench/{args.device}/sizes.jsonl")):
+        print(figures.pi_microbench_figure(sizes, args.out))
+    results = report.summary(records) + report.spread(records)
     (args.out / "results.md").write_text(results)
     report.splice(results, args.readme)
     print(args.out / "results.md", "and", args.readme)

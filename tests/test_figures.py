@@ -80,3 +80,18 @@ def test_paper_workloads_are_labelled_by_their_acronym():
     assert figures.frame([r])["label"].tolist() == ["XLNET-I"]
     r.batch = 4  # not the paper's batch: described, not named
     assert figures.frame([r])["label"].tolist() == ["xlnet eval b4"]
+
+
+def test_pi_microbench_figure_marks_where_pi_starts_to_win(tmp_path):
+    import json
+
+    from experiments.figures import pi_microbench_figure
+
+    lines = [{"bytes_per_input": b, "median_us_per_call": {"copy": c, "pi": p, "bare": 3.0}}
+             for b, c, p in ((4096, 20.0, 25.0), (65536, 30.0, 24.0), (2**20, 90.0, 24.0))]
+    sizes = tmp_path / "sizes.jsonl"
+    sizes.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    png = pi_microbench_figure(sizes, tmp_path / "out")
+    assert png.exists() and (tmp_path / "out" / "pi_microbench.pdf").exists()
+    table = (tmp_path / "out" / "pi_microbench.csv").read_text().splitlines()
+    assert table[0] == "bytes per input,copy,pi,bare" and table[2].startswith("65536,30.0,24.0")

@@ -45,3 +45,15 @@ def test_splice_needs_markers(tmp_path):
     path.write_text("no markers\n")
     with pytest.raises(ValueError, match="markers"):
         report.splice("x", path)
+
+
+def test_spread_reports_runs_measured_twice():
+    from tests.test_records import make
+
+    records = [make("pt2_cg", run=0, median_ms=2.0), make("pt2_cg", run=1, median_ms=2.2),
+               make("inductor", run=0, median_ms=5.0)]  # measured once: not in the table
+    text = report.spread(records)
+    rows = [line for line in text.splitlines() if line.startswith("| mlp")]
+    assert rows == ["| mlp eval b8 tiny / pt2_cg |          2 |        2.2 |         10 |"]
+    assert "spread is 10 % at the median" in text
+    assert report.spread(records[2:]) == ""
