@@ -93,6 +93,13 @@ timer = cuda_timer  # what SCG times candidates with; tests put a fake here
 DEVICE_TYPE = "cuda"  # where partition inputs must live to be captured
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaN equal to NaN (a workload may compute NaNs from random inputs)."""
+    if torch.equal(a, b):
+        return True
+    return a.is_floating_point() and a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
 class _Recording:
     def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int], mutated: list[int]):
         self.in_place, self.copied = in_place, copied
@@ -153,13 +160,20 @@ class _Recording:
         check once, on this call's inputs, that the graph reading them in place computes what it computes
         on copies. Returns why inputs stay copied (all of them, if the check fails)."""
         if self.graph is None:
-            return ["no CUDA graph to patch"]
-        ranges = {i: (p.data_ptr(), p.untyped_storage().nbytes()) for i, p in zip(self.copied, self.placeholders)}
+            return ["PI: no CUDA graph to patch"]
+        # A placeholder the partition returns (an input saved for backward) must hold the input's data.
+        returned = {t.untyped_storage().data_ptr() for t in self.tensors}
+        reasons = [f"PI: input {i}: returned as an output (saved for backward), so copied"
+                   for i, p in zip(self.copied, self.placeholders) if p.untyped_storage().data_ptr() in returned]
+        ranges = {i: (p.data_ptr(), p.untyped_storage().nbytes()) for i, p in zip(self.copied, self.placeholders)
+                  if p.untyped_storage().data_ptr() not in returned}
+        if not ranges:
+            return reasons
         try:
             indirection = pi.Indirection(self.graph.raw_cuda_graph(), self.graph.raw_cuda_graph_exec(), ranges)
         except Exception as e:  # an unexpected node or driver answer: copies, as stock does
-            return [f"PI: could not read the graph's kernel parameters ({type(e).__name__}: {e})"]
-        reasons = [f"PI: input {i}: {why}" for i, why in indirection.reasons.items()]
+            return reasons + [f"PI: could not read the graph's kernel parameters ({type(e).__name__}: {e})"]
+        reasons += [f"PI: input {i}: {why}" for i, why in indirection.reasons.items()]
         if not indirection.inputs:
             return reasons
         snapshot = Snapshot([args[i] for i in self.mutated])
@@ -170,14 +184,15 @@ class _Recording:
         for i, p in zip(self.copied, self.placeholders):  # a node still reading a placeholder would show
             if i in indirection.inputs:
                 p.fill_(True if p.dtype == torch.bool else 7)
-        indirection.point({i: args[i].data_ptr() for i in indirection.inputs})
+        self.indirection = indirection
+        self._point(args)  # the replay path itself: served inputs read in place, the rest copied
         self._replay()
-        same = all(torch.equal(t, r) for t, r in zip(self.tensors, reference))
+        same = all(_same(t, r) for t, r in zip(self.tensors, reference))
         snapshot.restore()
         if not same:
             indirection.point({i: ranges[i][0] for i in indirection.inputs})
+            self.indirection = None
             return reasons + ["PI: the graph reading inputs in place disagreed with the graph on copies"]
-        self.indirection = indirection
         return reasons
 
     def replay(self, args: list) -> Any:
