@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -57,7 +58,9 @@ class Stats:
     pi_reasons: list[str] = dataclasses.field(default_factory=list)  # why PI left an input to the copy
 
 
-_OUTPUT_PTRS: set[int] = set()  # data_ptrs of every recorded graph's outputs: inputs read in place
+# data_ptr -> output tensor of every live recording: an input found here is another graph's output and is
+# read in place. Weak: a recording that is garbage-collected (a recompiled graph) leaves no stale address.
+_OUTPUTS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
 
 @dataclasses.dataclass
@@ -120,8 +123,7 @@ class _Recording:
         outputs = self.outputs if isinstance(self.outputs, (list, tuple)) else ()
         self.tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in callers]
         self.baseline = self._references()
-        self.output_ptrs = {t.data_ptr() for t in self.tensors}
-        _OUTPUT_PTRS.update(self.output_ptrs)
+        _OUTPUTS.update({t.data_ptr(): t for t in self.tensors})
         self.copy_bytes = sum(p.numel() * p.element_size() for p in self.placeholders)
         self.copies, self.patched_nodes = len(copied), 0  # per replay: tensors copied, nodes PI may patch
         self.use_graph = True  # False once SCG decided that this recording runs faster without its graph
@@ -144,7 +146,9 @@ class _Recording:
 
     def drop(self) -> None:
         """Forget this recording (its memory goes back once no output is held)."""
-        _OUTPUT_PTRS.difference_update(self.output_ptrs)
+        for t in self.tensors:
+            if _OUTPUTS.get(t.data_ptr()) is t:
+                del _OUTPUTS[t.data_ptr()]
 
     def _references(self) -> list[tuple[int, int, int]]:
         return [adapter.references(t) for t in self.tensors]  # taken the same way each time: counts compare
@@ -237,7 +241,7 @@ class PartitionGraph:
         if any(args[i].device.type != DEVICE_TYPE for i in tensors):
             return "a partition input is a CPU tensor (a graph would freeze its value): CGCT moves these"
         in_place = [i for i in tensors if i in self.partition.static or i in self.partition.mutated
-                    or args[i].data_ptr() in _OUTPUT_PTRS]
+                    or args[i].data_ptr() in _OUTPUTS]
         copied = [i for i in tensors if i not in in_place]
         if any(args[i].data_ptr() % ALIGNMENT for i in in_place if i in self.partition.mutated):
             return "an input mutated in place is not 16-byte aligned"

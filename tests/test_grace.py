@@ -387,3 +387,18 @@ def test_pi_points_only_nodes_that_read_a_moved_input_and_never_a_memcpy_input(m
     assert ind.point({0: 0x1000}) == 0  # not moved: no driver call
     assert ind.point({0: 0x5000}) == 2 and updates == [("k0", 0x5000), ("k1", 0x5008)]
     assert ind.point({0: 0x5000}) == 0 and len(updates) == 2
+
+
+def test_a_recording_that_is_gone_leaves_no_address_behind(cpu_graphs):
+    part, _ = _part(_partition_fn([]), static={1})
+    w = torch.ones(4)
+    part([torch.randn(4), w])
+    part([torch.randn(4), w])  # recorded: its output's address is registered as a graph output
+    (out,) = next(iter(part.recordings.values())).outputs
+    address = out.data_ptr()
+    assert address in runtime._OUTPUTS
+    del part, out
+    import gc
+
+    gc.collect()
+    assert address not in runtime._OUTPUTS  # a new tensor there is an ordinary input again

@@ -5,7 +5,8 @@ indexed by a Python step.
 
 An earlier version kept the schedule as a plain CPU tensor attribute; stock Inductor (torch 2.11) then
 fused the CPU constant's indexing into a CUDA kernel, whose launch failed with "invalid argument" on the
-H200 under both inductor and reduce-overhead (results/baselines, 2026-11-30)."""
+H200 under both inductor and reduce-overhead (results/baselines, 2026-11-30). That version lives on as
+the extra workload dalle2_cpu, a case for CGCT."""
 
 import torch
 from torch import nn
@@ -59,11 +60,16 @@ class _UNet(nn.Module):
 
 
 class _Decoder(nn.Module):
-    def __init__(self, ch: int, emb: int, steps: int, timesteps: int = 1000, guidance: float = 3.0):
+    def __init__(self, ch: int, emb: int, steps: int, timesteps: int = 1000, guidance: float = 3.0,
+                 cpu_schedule: bool = False):
         super().__init__()
         self.unet, self.guidance, self.emb = _UNet(ch, emb), guidance, emb
         betas = torch.linspace(1e-4, 0.02, timesteps, dtype=torch.float64)
-        self.register_buffer("alphas_cumprod", torch.cumprod(1 - betas, 0).float(), persistent=False)
+        alphas_cumprod = torch.cumprod(1 - betas, 0).float()
+        if cpu_schedule:  # a plain attribute: stays on the CPU when the model moves (dalle2_cpu)
+            self.alphas_cumprod = alphas_cumprod
+        else:
+            self.register_buffer("alphas_cumprod", alphas_cumprod, persistent=False)
         self.schedule = list(range(timesteps - 1, -1, -timesteps // steps))
 
     def forward(self, noise, image_embed):
@@ -85,11 +91,12 @@ class Model(Workload):
     acronyms = {"eval": "DALLE2"}
     batch_sizes = {"eval": 1}
     origin = "in-house DALL-E 2 style decoder (U-Net, DDIM, classifier-free guidance); dalle2_pytorch absent"
+    cpu_schedule = False
 
     def build(self):
         # 10 DDIM steps: Dynamo unrolls the sampling loop into one graph, so each step adds compile time
         ch, emb, steps, side = (16, 32, 2, 16) if self.tiny else (64, 512, 10, 64)
-        model = _Decoder(ch, emb, steps)
+        model = _Decoder(ch, emb, steps, cpu_schedule=self.cpu_schedule)
         noise = torch.randn(self.batch, 3, side, side, device=self.device)
         image_embed = torch.randn(self.batch, emb, device=self.device)
         return model.to(self.device), (noise, image_embed)
