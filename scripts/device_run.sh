@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: the CUDA tests, then an experiment that stops starting workloads after a
-# time budget (rerun to resume). Records, logs and the test report land in $OUT, to be committed.
+# One call on the GPU machine: the CUDA tests, the host-cost benchmarks if asked, then an experiment that
+# stops starting workloads after a time budget (rerun to resume). Everything to commit lands in $OUT
+# (at most 8 files come back): cuda_tests.log, <experiment>.log, <experiment>_records.jsonl, and with
+# BENCH=1 replay.jsonl and sizes.jsonl.
 #
-#   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420   # experiment, budget in seconds
-#   TESTS=0 bash scripts/device_run.sh baselines 480 shard=0/2
+#   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
+#   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
 #
-# Needs the hydra-core, omegaconf and antlr4 wheels in .whl/ (README: "Running on a lent GPU").
+# Needs the hydra-core, omegaconf and antlr4 wheels in .whl/ (README: "Running on a lent GPU"). The
+# machine's .git is the session's first snapshot: pass the commit you sent as GRACE_GIT_COMMIT.
 set -uo pipefail
 experiment=$1 budget=$2
 shift 2
@@ -18,7 +21,12 @@ if [ "${TESTS:-1}" = 1 ]; then
   python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
   tail -3 "$out/cuda_tests.log"
 fi
+if [ "${BENCH:-0}" = 1 ]; then
+  python3 scripts/replay_overhead.py 2>&1 | tail -4
+  python3 scripts/pi_microbench.py 2>&1 | tail -9
+  cp results/replay_overhead/*/replay.jsonl results/pi_microbench/*/sizes.jsonl "$out/" 2>/dev/null
+fi
 python3 run.py experiment="$experiment" budget_s="$budget" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
 tail -5 "$out/$experiment.log"
-cp results/"$experiment"/*/records.jsonl "$out/" 2>/dev/null
+cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
 ls "$out"
