@@ -1,7 +1,8 @@
 """grace.explain(fn, *inputs): what GraCE did with each graph and partition, and why.
 
 It compiles `fn` (a module or a function; for training, a function that runs the step) with the grace
-backend, calls it three times (warm-up, recording, replay) and reports, per partition of every graph
+backend, calls it three times (warm-up, recording, replay; the last under torch.profiler on a GPU, for
+the kernels launched inside and outside graphs) and reports, per partition of every graph
 compiled on the way: captured or not and why, graph nodes by kind (kernels inside the graph), replays
 and calls without the graph in the last call, inputs read in place and inputs copied, bytes copied per
 replay, SCG's decision; and per graph what CGCT changed and the compiled graphs that have no partition at
@@ -16,7 +17,7 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from grace import backend
+from grace import backend, profile
 
 
 @dataclasses.dataclass
@@ -24,6 +25,7 @@ class Explanation:
     graphs: list[backend.GraphReport]
     replays_last_call: dict[tuple[int, bool, int], int]  # (graph, backward, partition) -> replays
     eager_last_call: dict[tuple[int, bool, int], int]
+    kernels: profile.KernelCounts | None = None  # of the last call, from the profiler (on a GPU)
 
     def partitions(self) -> pd.DataFrame:
         rows = []
@@ -65,6 +67,8 @@ class Explanation:
             "calls_without_graph": int(df.without_graph.sum()) if len(df) else 0,
             "bytes_copied_per_call": int((df.bytes_copied_per_replay * df.replays).sum()) if len(df) else 0,
             "kernels_in_graphs": int(df.kernels_in_graph.fillna(0).mul(df.replays).sum()) if len(df) else 0,
+            "kernels_launched": self.kernels.kernels if self.kernels else None,
+            "kernels_outside_graphs": self.kernels.kernels - self.kernels.in_graphs if self.kernels else None,
             "not_captured": sorted({f"{r.reason}" for r in df.itertuples() if r.status != "captured"}),
             "pi_inputs": int(df.inputs_pi.sum()) if len(df) else 0,
             "pi_left_to_copy": sorted({why for g in self.graphs for s in g.partitions for why in s.pi_reasons}),
@@ -81,6 +85,10 @@ class Explanation:
             lines += [f"  {note}" for note in g.notes]
         df = self.partitions()
         lines.append(df.to_string(index=False) if len(df) else "no CUDA-graph partitions")
+        if self.kernels:
+            lines.append(f"last call: {self.kernels.kernels} kernels, {self.kernels.in_graphs} of them replayed "
+                         f"from {self.kernels.graph_launches} graph launches, "
+                         f"{self.kernels.kernels - self.kernels.in_graphs} launched outside graphs")
         return "\n".join(lines)
 
 
@@ -94,11 +102,15 @@ def explain_call(call: Callable[[], Any], start: int = 0) -> Explanation:
                 {(s.graph, s.backward, s.partition): s.eager_calls for g in graphs for s in g.partitions})
 
     replays0, eager0 = counts()
-    call()
+    kernels = None
+    if torch.cuda.is_available():
+        kernels = profile.count(profile.trace(call))
+    else:
+        call()
     graphs = backend.REPORTS[start:]
     replays1, eager1 = counts()
     return Explanation(graphs, {k: v - replays0.get(k, 0) for k, v in replays1.items()},
-                       {k: v - eager0.get(k, 0) for k, v in eager1.items()})
+                       {k: v - eager0.get(k, 0) for k, v in eager1.items()}, kernels)
 
 
 def explain(fn: Callable, *inputs, options: dict | None = None, calls: int = 3) -> Explanation:

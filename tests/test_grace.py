@@ -402,3 +402,20 @@ def test_a_recording_that_is_gone_leaves_no_address_behind(cpu_graphs):
 
     gc.collect()
     assert address not in runtime._OUTPUTS  # a new tensor there is an ordinary input again
+
+
+def test_runtime_keeps_one_recording_per_symbolic_size(cpu_graphs):
+    """With dynamic shapes a partition also takes the sizes as ints: one recording per distinct size."""
+
+    def fn(args):
+        n, x = args
+        args.clear()
+        return (x[:n] * 2,)
+
+    part, stats = _part(fn)
+    x = torch.randn(8)
+    for n in (2, 4, 2, 6, 4, 2):
+        (y,) = part([n, x])
+        torch.testing.assert_close(y, x[:n] * 2)
+        del y
+    assert stats.recordings == 3 and stats.replays == 5 and stats.status == "captured"

@@ -23,6 +23,7 @@ def test_inference_is_captured_replayed_and_matches_eager_on_new_inputs():
     assert s["replays_per_call"] == s["partitions"] and s["calls_without_graph"] == 0
     assert s["bytes_copied_per_call"] == x.numel() * 4  # the input, as stock graph trees copy it
     assert s["kernels_in_graphs"] >= 2
+    assert s["kernels_launched"] >= s["kernels_in_graphs"] and s["kernels_outside_graphs"] <= 1  # the copy, at most
     compiled = torch.compile(model, backend="grace")
     for i in range(4):  # warm-up, record, replays: each on inputs of its own
         x = torch.randn(16, 32, device="cuda")
@@ -162,6 +163,9 @@ def test_pi_reads_inputs_in_place_for_library_and_triton_kernels():
     (stats,) = grace.REPORTS[-1].partitions
     assert stats.status == "captured" and stats.pi_inputs == 2, (stats, stats.pi_reasons)
     assert stats.copy_bytes_per_replay == 0
+    with torch.no_grad():
+        s = grace.explain(matmul_relu, x, w, options={"pi": True, "cgct": False}).summary()
+    assert s["bytes_copied_per_call"] == 0 and s["kernels_outside_graphs"] == 0, s
 
 
 @torch.no_grad()
