@@ -209,3 +209,11 @@ def without_autograd_cache():
     import torch._functorch.config as functorch_config
 
     return functorch_config.patch(enable_autograd_cache=False)
+
+
+def all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
+    """A sum over the group's ranks that Dynamo traces into the graph (a functional collective) and that
+    a CUDA graph captures under NCCL."""
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol.all_reduce(t, "sum", group)
