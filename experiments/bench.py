@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from experiments import workloads
+from experiments import tp, workloads
 from experiments.numerics import check
 from experiments.profiling import profile_iterations
 from experiments.records import KernelStats, Numerics
@@ -35,6 +36,7 @@ class Spec:
     warmup: int  # untimed calls after the first; graph trees record on the second call
     tolerance_floor: dict[str, float]  # numerics: rel_err allowed beyond eager's, by compute dtype
     tolerance_multiplier: float  # numerics: rel_err allowed as a multiple of eager's
+    tp: int = 1  # tensor-parallel degree (experiments/tp_bench.py runs the ranks)
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,12 @@ class Setup:
 
 
 class Bench:
-    def __init__(self, spec: Spec):
-        self.spec = spec
-        self.device = torch.device(spec.device)
+    def __init__(self, spec: Spec, rank: int = 0):
+        """`rank`: this process's rank in a tensor-parallel workload (spec.tp > 1, experiments/tp_bench.py)."""
+        self.spec, self.rank = spec, rank
+        self.device = torch.device(spec.device, rank) if spec.device == "cuda" and spec.tp > 1 else torch.device(spec.device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)
         self.task: Task | None = None
         self.fn = None
         self._skip_reasons = collect_cudagraph_skip_reasons()  # a Bench lives in a worker process of its own
@@ -79,6 +84,10 @@ class Bench:
         self.task = Task(workload, spec.seed)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        twins = None
+        if spec.tp > 1:  # the reference is the whole model (TP1); this rank then keeps its slice
+            twins = self.task.twin(), self.task.twin(torch.float64)
+            tp.parallelize(spec.workload, self.task.model, self.rank, spec.tp, dist.group.WORLD)
         self.fn = spec.variant.apply(self.task.model)
         t0 = time.perf_counter()
         self._step()
@@ -89,7 +98,8 @@ class Bench:
         synchronize(self.device)
         t2 = time.perf_counter()
         # The twins are copied before the checked step, since a train step changes the state.
-        eager, ref = self.task.twin(), self.task.twin(torch.float64)
+        eager, ref = twins or (self.task.twin(), self.task.twin(torch.float64))
+        eager.calls = ref.calls = self.task.calls  # the same input set as the checked step
         numerics = check(self.task.observe(self.fn), eager.observe(eager.model), ref.observe(ref.model),
                          self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
         del eager, ref
@@ -100,6 +110,10 @@ class Bench:
         next call."""
         self._step()
         times = time_iterations(self._step, iters, self.device)
+        if self.spec.tp > 1:  # an iteration takes as long as its slowest rank
+            every = [None] * self.spec.tp
+            dist.all_gather_object(every, times)
+            times = [max(t) for t in zip(*every)]
         return Round(times, launch_cost_us(self.device, launches), sm_clock_mhz(self.device))
 
     def profile(self, iters: int) -> KernelStats:

@@ -7,6 +7,7 @@ record for a workload is drawn as "missing", never as zero.
 - fig10_ablation: CGCT, +PI, +SCG with PyTorch2-CG overlaid (Fig 10)
 - table2_coverage: % of kernels launched inside CUDA graphs (Table 2)
 - table3_copy_bytes: bytes copied into CUDA-graph inputs per iteration (Table 3)
+- fig11_tp:       latency per tensor-parallel degree, PyTorch2-CG vs GraCE (Fig 11)
 - pi_microbench:  host time per call against input size, copy vs PI vs bare replay (issue 5)
 """
 
@@ -27,7 +28,7 @@ import seaborn as sns  # noqa: E402
 from experiments import stats, workloads  # noqa: E402
 from experiments.records import Record  # noqa: E402
 
-KEY = ["workload", "mode", "batch", "size", "variant", "run"]
+KEY = ["workload", "mode", "batch", "size", "variant", "run", "tp"]
 BASELINE = "inductor"
 LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "PyTorch2-CG",
           "runtime": "GraCE runtime", "cgct": "CGCT",
@@ -43,7 +44,7 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
         k = r.kernels
         rows.append({
             "workload": r.workload, "mode": r.mode, "batch": r.batch, "size": r.size, "variant": r.variant,
-            "run": r.run, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,
+            "run": r.run, "tp": r.tp, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,
             "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
             "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None,
@@ -177,8 +178,28 @@ def copy_bytes_table(records: Iterable[Record], out: Path,
                          lambda v: f"{v:,.0f}")
 
 
+def tp_figure(records: Iterable[Record], out: Path, variants: Sequence[str] = ("pt2_cg", "grace")) -> Path | None:
+    """Fig 11: latency per workload at each tensor-parallel degree, PyTorch2-CG against GraCE (the slowest
+    rank's iterations); None without tensor-parallel records."""
+    df = frame(records)
+    df = df[(df["status"] == "ok") & df["variant"].isin(variants)]
+    if not (df["tp"] > 1).any():
+        return None
+    df = df.assign(bar=[f"{LABELS.get(v, v)} TP{t}" for v, t in zip(df["variant"], df["tp"])])
+    table = df.pivot_table(index="label", columns="bar", values="median_ms")
+    table = table[sorted(table.columns, key=lambda c: (c.split(" TP")[0] != LABELS.get(variants[0]), int(c.split(" TP")[1])))]
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(table) * len(table.columns) / 2 + 2), 4))
+    table.plot.bar(ax=ax, rot=0, color=sns.color_palette("colorblind", len(table.columns)))
+    ax.set(ylabel="ms per iteration (slowest rank)", xlabel="", title="Fig 11: tensor parallelism")
+    return _save(fig, table, out, "fig11_tp")
+
+
 def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
-    return [
+    """Figs 9 and 10 and Tables 2 and 3 from single-GPU records; Fig 11 from tensor-parallel ones."""
+    tp = tp_figure(records, out)
+    records = [r for r in records if r.tp == 1]
+    return ([tp] if tp else []) + [
         speedup_figure(records, out, ["pt2_cg", "grace"], "fig9_speedup", "Fig 9: speedup over PyTorch2 without CUDA Graphs"),
         speedup_figure(records, out, ["cgct", "cgct_pi", "grace"], "fig10_ablation", "Fig 10: ablation",
                        overlay="pt2_cg"),

@@ -60,6 +60,7 @@ class Record:
     size: str  # full | tiny
     variant: str
     status: str  # one of STATUSES
+    tp: int = 1  # tensor-parallel degree: ranks (GPUs) the workload ran on
     reason: str = ""  # why, for any status but ok
     compile_s: float | None = None  # first call: compilation (and for graph variants, warm-up run)
     warmup_s: float | None = None  # the other untimed calls (graph recording happens here)
@@ -88,7 +89,7 @@ class Record:
 
     @property
     def key(self) -> tuple:
-        return key(self.workload, self.mode, self.batch, self.size, self.variant, self.run)
+        return key(self.workload, self.mode, self.batch, self.size, self.variant, self.run, self.tp)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -103,8 +104,8 @@ class Record:
         return cls(**d)
 
 
-def key(workload: str, mode: str, batch: int, size: str, variant: str, run: int) -> tuple:
-    return (workload, mode, batch, size, variant, run)
+def key(workload: str, mode: str, batch: int, size: str, variant: str, run: int, tp: int = 1) -> tuple:
+    return (workload, mode, batch, size, variant, run, tp)
 
 
 class RecordStore:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -97,7 +98,7 @@ class Sweep:
                 break
             for run in range(self.cfg.runs):
                 todo = [v for v in self.variants
-                        if key(entry.name, entry.mode, entry.batch, entry.size, v.name, run) not in final]
+                        if key(entry.name, entry.mode, entry.batch, entry.size, v.name, run, self.cfg.tp) not in final]
                 if len(todo) < len(self.variants):
                     log.info("%s run %d: already recorded: %s", entry.name, run,
                              ", ".join(v.name for v in self.variants if v not in todo))
@@ -108,22 +109,29 @@ class Sweep:
     def _record(self, entry: Entry, run: int, variant: Variant, status: str, **fields) -> Record:
         return Record(experiment=self.cfg.experiment_name, session=self.session, run=run, workload=entry.name,
                       mode=entry.mode, batch=entry.batch, size=entry.size, variant=variant.name, status=status,
+                      tp=self.cfg.tp,
                       measure=OmegaConf.to_container(self.measure), env=asdict(self.env), **fields)
 
     def _unmeasured(self, entry: Entry, run: int, variant: Variant, status: str, reason: str) -> None:
         log.warning("%s / %s: %s: %s", entry.name, variant.name, status, reason)
         self.store.append(self._record(entry, run, variant, status, reason=reason))
 
+    def _tp_unavailable(self) -> str | None:
+        gpus = torch.cuda.device_count()
+        if self.cfg.tp > 1 and self.env.device == "cuda" and self.cfg.tp > gpus:
+            return f"tp={self.cfg.tp} needs {self.cfg.tp} GPUs, this machine has {gpus}"
+        return None
+
     def _spec(self, entry: Entry, variant: Variant) -> Spec:
         m = self.measure
         return Spec(entry.name, entry.mode, entry.batch, entry.size, variant, self.env.device, m.seed, m.warmup,
-                    OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier)
+                    OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier, self.cfg.tp)
 
     def _measure(self, entry: Entry, run: int, variants: list[Variant]) -> None:
         m = self.measure
         available = []
         for v in variants:
-            reason = v.unavailable_reason(self.env.device)
+            reason = v.unavailable_reason(self.env.device) or self._tp_unavailable()
             if reason:
                 self._unmeasured(entry, run, v, "skipped", reason)
             else:

@@ -12,6 +12,7 @@ import tempfile
 from typing import Any
 
 from experiments.bench import Bench, Spec
+from experiments.tp_bench import TPBench
 
 
 class WorkerError(RuntimeError):
@@ -23,13 +24,15 @@ def _serve(conn, spec: Spec) -> None:
         # Cold, private compile caches: compile latency is not flattered by another variant's artifacts.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
         os.environ["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
-        bench = Bench(spec)
+        bench = TPBench(spec) if spec.tp > 1 else Bench(spec)
         while True:
             try:
                 method, args = conn.recv()
             except EOFError:
                 return
             if method == "close":
+                if isinstance(bench, TPBench):
+                    bench.close()
                 return
             try:
                 conn.send(("ok", getattr(bench, method)(*args)))

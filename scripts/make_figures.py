@@ -35,12 +35,13 @@ def main(argv=None) -> int:
     records = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))
     for out in figures.paper_figures(records, args.out):
         print(out)
-    print(report.write_shortfall(records, args.out))
+    single = [r for r in records if r.tp == 1]  # the results section and tables are single-GPU
+    print(report.write_shortfall(single, args.out))
     for replays in sorted(args.results.glob(f"replay_overhead/{args.device}/replay.jsonl")):
         print(report.write_replay_overhead(replays, args.out))
     for sizes in sorted(args.results.glob(f"pi_microbench/{args.device}/sizes.jsonl")):
         print(figures.pi_microbench_figure(sizes, args.out))
-    results = report.summary(records) + report.spread(records)
+    results = report.summary(single) + report.spread(single)
     (args.out / "results.md").write_text(results)
     report.splice(results, args.readme)
     print(args.out / "results.md", "and", args.readme)

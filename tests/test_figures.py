@@ -95,3 +95,17 @@ def test_pi_microbench_figure_marks_where_pi_starts_to_win(tmp_path):
     assert png.exists() and (tmp_path / "out" / "pi_microbench.pdf").exists()
     table = (tmp_path / "out" / "pi_microbench.csv").read_text().splitlines()
     assert table[0] == "bytes per input,copy,pi,bare" and table[2].startswith("65536,30.0,24.0")
+
+
+def test_fig11_from_tensor_parallel_records(tmp_path):
+    from experiments.figures import tp_figure
+    from tests.test_records import make
+
+    records = [make(v, median_ms=ms, tp=t) for v, t, ms in
+               (("pt2_cg", 1, 10.0), ("pt2_cg", 2, 6.0), ("grace", 1, 8.0), ("grace", 2, 5.0))]
+    assert tp_figure(records[::2], tmp_path) is None  # TP1 alone: no figure
+    png = tp_figure(records, tmp_path)
+    assert png.name == "fig11_tp.png"
+    lines = (tmp_path / "fig11_tp.csv").read_text().splitlines()
+    assert lines[0] == "workload,PyTorch2-CG TP1,PyTorch2-CG TP2,GraCE TP1,GraCE TP2"
+    assert lines[1].endswith(",10.0,6.0,8.0,5.0")

@@ -60,3 +60,15 @@ def test_two_ranks_compute_what_one_does(tmp_path, name):
 def test_unknown_model_says_which_exist():
     with pytest.raises(NotImplementedError, match="have: xlnet, speech_transformer, dalle2, maskrcnn"):
         tp.parallelize("alexnet", torch.nn.Linear(2, 2), 0, 2, None)
+
+
+def test_sweep_measures_a_tensor_parallel_workload_against_tp1(make_cfg):
+    """XLNet split over two CPU processes (gloo) through the harness: the record says tp=2, and numerics
+    compared rank 0's output with the whole model's."""
+    from experiments.sweep import Sweep
+
+    sweep = Sweep(make_cfg("workload=[XLNET-I]", "size=tiny", "tp=2", "variant=[inductor]"))
+    sweep.run()
+    (r,) = sweep.store.load()
+    assert (r.workload, r.tp, r.status) == ("xlnet", 2, "ok"), r.reason
+    assert r.numerics.passed and r.median_ms > 0 and r.key[-1] == 2

@@ -1,0 +1,73 @@
+"""A tensor-parallel workload measured by the sweep: the worker process is rank 0 and starts ranks
+1..tp-1; every Bench method rank 0 runs, each other rank runs too, in lockstep (the sums inside the model
+need all ranks). Each rank builds the same model from the same seed and keeps its slice
+(experiments/tp.py); numerics compare rank 0's output with the whole model's (TP1) in eager; an
+iteration's time is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+
+import torch.distributed as dist
+
+from experiments.bench import Bench, Spec
+
+
+def _join(rank: int, spec: Spec, init: str) -> None:
+    dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", init_method=init, rank=rank,
+                            world_size=spec.tp)
+
+
+def _rank(rank: int, spec: Spec, init: str) -> None:
+    """Ranks 1..tp-1: run what rank 0 broadcasts until it says close."""
+    _join(rank, spec, init)
+    bench = Bench(spec, rank)
+    try:
+        while True:
+            command = [None, None]
+            dist.broadcast_object_list(command, src=0)
+            method, args = command
+            if method == "close":
+                return
+            getattr(bench, method)(*args)
+    finally:
+        dist.destroy_process_group()
+
+
+class TPBench(Bench):
+    def __init__(self, spec: Spec):
+        fd, path = tempfile.mkstemp(prefix="grace-tp-")
+        os.close(fd)
+        os.unlink(path)  # the file store creates it
+        init = f"file://{path}"
+        ctx = mp.get_context("spawn")
+        self.helpers = [ctx.Process(target=_rank, args=(r, spec, init), name=f"tp-rank-{r}") for r in range(1, spec.tp)]
+        for p in self.helpers:
+            p.start()
+        _join(0, spec, init)
+        super().__init__(spec, 0)
+
+    def _everywhere(self, method: str, *args):
+        dist.broadcast_object_list([method, args], src=0)
+        return getattr(super(), method)(*args)
+
+    def setup(self):
+        return self._everywhere("setup")
+
+    def time_round(self, iters: int, launches: int):
+        return self._everywhere("time_round", iters, launches)
+
+    def profile(self, iters: int):
+        return self._everywhere("profile", iters)
+
+    def diagnostics(self):
+        return self._everywhere("diagnostics")
+
+    def close(self) -> None:
+        dist.broadcast_object_list(["close", ()], src=0)
+        for p in self.helpers:
+            p.join(60)
+        dist.destroy_process_group()
