@@ -122,7 +122,8 @@ class _Recording:
         callers = {args[i].untyped_storage().data_ptr() for i in in_place}
         outputs = self.outputs if isinstance(self.outputs, (list, tuple)) else ()
         self.tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in callers]
-        self.baseline = self._references()
+        self.storages = adapter.storage_handles(self.tensors)
+        self.baseline = adapter.references(self.tensors, self.storages)
         _OUTPUTS.update({t.data_ptr(): t for t in self.tensors})
         self.copy_bytes = sum(p.numel() * p.element_size() for p in self.placeholders)
         self.copies, self.patched_nodes = len(copied), 0  # per replay: tensors copied, nodes PI may patch
@@ -150,14 +151,11 @@ class _Recording:
             if _OUTPUTS.get(t.data_ptr()) is t:
                 del _OUTPUTS[t.data_ptr()]
 
-    def _references(self) -> list[tuple[int, int, int]]:
-        return [adapter.references(t) for t in self.tensors]  # taken the same way each time: counts compare
-
     def outputs_alive(self) -> bool:
         """Whether any output has more references than right after capture (fewer is fine: the count
         then included temporaries)."""
-        return any(now > then for refs, base in zip(self._references(), self.baseline)
-                   for now, then in zip(refs, base))
+        now = adapter.references(self.tensors, self.storages)
+        return now != self.baseline and any(a > b for n, base in zip(now, self.baseline) for a, b in zip(n, base))
 
     def indirect(self, args: list) -> list[str]:
         """Turn PI on for this recording: find the kernel parameters that point into placeholders and
@@ -216,7 +214,8 @@ class PartitionGraph:
                  indirect: bool = False):
         self.fn, self.partition, self.stats = fn, partition, stats
         self.selective, self.indirect = selective, indirect  # SCG, PI
-        self.recordings: dict[tuple, _Recording] = {}
+        self.recordings: dict[tuple, _Recording] = {}  # by the values of the partition's size arguments
+        self.scalars: list[int] | None = None
         self.calls = 0
 
     def _eager(self, args: list, reason: str | None = None, final: bool = False) -> Any:
@@ -291,7 +290,9 @@ class PartitionGraph:
             return self._eager(args)
         if self.calls == 1:
             return self.fn(args)
-        key = tuple(a for a in args if not isinstance(a, torch.Tensor))  # symbolic sizes, if any
+        if self.scalars is None:  # where the partition takes sizes (dynamic shapes): fixed by its signature
+            self.scalars = [i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
+        key = tuple(args[i] for i in self.scalars) if self.scalars else ()
         recording = self.recordings.get(key)
         if recording is not None and not adapter.data_ptrs_equal(args, recording.ptrs, recording.in_place):
             self.recordings.pop(key).drop()  # an in-place input moved: record again with its new address

@@ -164,10 +164,17 @@ def data_ptrs_equal(tensors: list, ptrs: list[int | None], idxs: list[int]) -> b
     return torch._C._tensors_data_ptrs_at_indices_equal(tensors, ptrs, idxs)
 
 
-def references(t: torch.Tensor) -> tuple[int, int, int]:
-    """(Python references, TensorImpl references, storage references) of a tensor: if any grows, some
-    other code holds the tensor, its impl (autograd's saved tensors) or a view of its storage."""
-    return (_sys.getrefcount(t), t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+def storage_handles(tensors: list[torch.Tensor]) -> list[int]:
+    """Handles of the tensors' storages, taken once: a graph's output tensors keep theirs for life."""
+    return [t.untyped_storage()._cdata for t in tensors]
+
+
+def references(tensors: list[torch.Tensor], storages: list[int]) -> list[tuple[int, int, int]]:
+    """Per tensor (Python references, TensorImpl references, storage references): if any grows, some
+    other code holds the tensor, its impl (autograd's saved tensors) or a view of its storage. Always
+    call it the same way: the counts include this function's own references."""
+    use_count = torch._C._storage_Use_Count
+    return [(_sys.getrefcount(t), t._use_count(), use_count(s)) for t, s in zip(tensors, storages)]
 
 
 def has_internal_overlap(t: torch.Tensor) -> bool:
