@@ -192,3 +192,31 @@ def test_pi_with_inputs_that_alias_each_other():
         base = torch.randn(1025, device="cuda")
         a, b = base[:1024], base[1:]  # overlapping views of one storage
         torch.testing.assert_close(compiled(a, b), f(a, b))
+
+
+@torch.no_grad()
+def test_pi_with_an_input_that_is_the_previous_output():
+    torch.compiler.reset()
+    f = lambda x, w: torch.tanh(x @ w)  # noqa: E731
+    compiled = torch.compile(f, backend="grace", options={"pi": True, "cgct": False})
+    w = torch.randn(64, 64, device="cuda") / 8
+    x = torch.randn(16, 64, device="cuda")
+    expected = x
+    for _ in range(5):  # the output fed back: the graph's own output buffer as its input
+        x = compiled(x, w).clone() if _ % 2 else compiled(x, w)
+        expected = f(expected, w)
+        torch.testing.assert_close(x, expected)
+
+
+@torch.no_grad()
+def test_pi_with_a_static_input_that_changes_identity():
+    torch.compiler.reset()
+    model = _mlp()
+    compiled = torch.compile(model, backend="grace", options={"pi": True, "cgct": False})
+    x = torch.randn(16, 32, device="cuda")
+    for _ in range(3):
+        compiled(x)
+    model[0].weight = torch.nn.Parameter(torch.randn_like(model[0].weight))  # a new parameter tensor
+    for _ in range(2):
+        x = torch.randn(16, 32, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x))
