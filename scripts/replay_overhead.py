@@ -3,10 +3,11 @@ torch.cuda.CUDAGraph.replay() of the same compiled work (issue: the runtime's re
 
     python scripts/replay_overhead.py [--out results/replay_overhead] [--calls 300] [--rounds 7]
 
-Per model, four ways to run one forward are timed interleaved, round by round: `bare` replays one
+Per model, five ways to run one forward are timed interleaved, round by round: `bare` replays one
 CUDA graph captured around the Inductor-compiled model (no input copy, no checks: the floor),
-`runtime` is backend="grace" with no optimization on, `pt2_cg` is mode="reduce-overhead", `inductor`
-is Inductor without graphs. Each round times `calls` back-to-back calls and one synchronization, so the
+`partition` is GraCE's replay path around that same work (its checks and bookkeeping, nothing else),
+`runtime` is backend="grace" with no optimization on (Dynamo's guards and wrappers, and the input
+copy, included), `pt2_cg` is mode="reduce-overhead", `inductor` is Inductor without graphs. Each round times `calls` back-to-back calls and one synchronization, so the
 host's cost per call is what shows when it exceeds the GPU's. The input is the same tensor each call.
 Writes one JSON record per model (median per call over rounds, every round's value, environment).
 """
@@ -22,7 +23,9 @@ from pathlib import Path
 import torch
 
 import grace  # noqa: F401  (backend="grace")
+from grace import runtime
 from grace.calibrate import per_call_us
+from grace.torch_adapter import Partition
 from experiments import environment, workloads
 from experiments.task import Task
 
@@ -39,11 +42,28 @@ def _bare(model, inputs):
     return graph.replay
 
 
+def _partition(model, inputs):
+    """GraCE's replay path alone: its PartitionGraph around the same compiled work as `bare`, every input
+    static (read in place), so what it adds over `bare` is the runtime's own checks and bookkeeping."""
+    compiled = torch.compile(model)
+
+    def fn(args):
+        xs = list(args)
+        args.clear()
+        return (compiled(*xs),)
+
+    part = runtime.PartitionGraph(fn, Partition(0, frozenset(range(len(inputs))), frozenset()),
+                                  runtime.Stats(0, False, 0))
+    for _ in range(3):
+        part(list(inputs))
+    return lambda: part(list(inputs))
+
+
 def measure(name: str, size: str, calls: int, rounds: int) -> dict:
     task = Task(workloads.get(name)("eval", size=size, device="cuda"), seed=0)
     model, inputs = task.model, task.input_sets[0]
     with torch.inference_mode():
-        ways = {"bare": _bare(model, inputs)}
+        ways = {"bare": _bare(model, inputs), "partition": _partition(model, inputs)}
         for way, kwargs in {"runtime": {"backend": "grace", "options": {"cgct": False}},
                             "pt2_cg": {"mode": "reduce-overhead"}, "inductor": {}}.items():
             torch.compiler.reset()
