@@ -5,7 +5,7 @@ cannot be captured (CPU ops, device copies, ops tagged unsafe), for forward and 
 and hands each partition to a wrapper of our choosing (grace.torch_adapter.partitioned). Owning that
 wrapper gives GraCE the capture and the replay path, which PI and SCG change, without graph trees.
 
-A partition's life:
+A partition's life, per set of sizes (one, unless shapes are dynamic):
   call 1     runs as compiled (warm-up: lazy initialisation, autotuning), no graph;
   call 2     is recorded: inputs that must keep their address (parameters and buffers, inputs the
              partition mutates, outputs of another GraCE graph) are captured in place; every other
@@ -216,6 +216,7 @@ class PartitionGraph:
         self.selective, self.indirect = selective, indirect  # SCG, PI
         self.recordings: dict[tuple, _Recording] = {}  # by the values of the partition's size arguments
         self.scalars: list[int] | None = None
+        self.warmed: set[tuple] = set()  # sizes seen once (warm-up): the next call at them records
         self.calls = 0
 
     def _eager(self, args: list, reason: str | None = None, final: bool = False) -> Any:
@@ -288,11 +289,12 @@ class PartitionGraph:
         self.calls += 1
         if self.stats.status == "eager":
             return self._eager(args)
-        if self.calls == 1:
-            return self.fn(args)
         if self.scalars is None:  # where the partition takes sizes (dynamic shapes): fixed by its signature
             self.scalars = [i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
         key = tuple(args[i] for i in self.scalars) if self.scalars else ()
+        if key not in self.warmed:  # a first call at these sizes runs as compiled: lazy init, autotuning
+            self.warmed.add(key)
+            return self._eager(args)
         recording = self.recordings.get(key)
         if recording is not None and not adapter.data_ptrs_equal(args, recording.ptrs, recording.in_place):
             self.recordings.pop(key).drop()  # an in-place input moved: record again with its new address

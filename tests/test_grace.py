@@ -414,8 +414,8 @@ def test_runtime_keeps_one_recording_per_symbolic_size(cpu_graphs):
 
     part, stats = _part(fn)
     x = torch.randn(8)
-    for n in (2, 4, 2, 6, 4, 2):
+    for n in (2, 4, 2, 6, 4, 2, 6):  # a size's first call warms up (autotuning), its second records
         (y,) = part([n, x])
         torch.testing.assert_close(y, x[:n] * 2)
         del y
-    assert stats.recordings == 3 and stats.replays == 5 and stats.status == "captured"
+    assert stats.recordings == 3 and stats.replays == 4 and stats.eager_calls == 2 and stats.status == "captured"
