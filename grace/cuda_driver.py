@@ -72,5 +72,10 @@ def copy_addresses(node, kind: str) -> list[int]:
     return [int(p.dst)]
 
 
-def set_kernel_params(raw_exec: int, node, params) -> None:
-    _check(driver.cuGraphExecKernelNodeSetParams(driver.CUgraphExec(raw_exec), node, params))
+def exec_handle(raw_exec: int):
+    """The driver's handle of an instantiated graph (torch.cuda.CUDAGraph.raw_cuda_graph_exec())."""
+    return driver.CUgraphExec(raw_exec)
+
+
+def set_kernel_params(graph_exec, node, params) -> None:
+    _check(driver.cuGraphExecKernelNodeSetParams(graph_exec, node, params))

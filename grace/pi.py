@@ -57,22 +57,27 @@ class _KernelNode:
     patch rewrites in place before handing them to the executable graph."""
 
     def __init__(self, node, params, values: list[bytes], sites: list[Site]):
-        self.node, self.params, self.sites = node, params, sites
+        self.node, self.params = node, params
         self.buffers = [ctypes.create_string_buffer(v, len(v)) for v in values]
         self.array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(b) for b in self.buffers])
         params.kernelParams = ctypes.addressof(self.array)
-        self.inputs = {s.input for s in sites}
+        self.keep(sites)
+
+    def keep(self, sites: list[Site]) -> None:
+        """Patch these sites only; each gets an 8-byte view into its parameter buffer, made once."""
+        self.sites, self.inputs = sites, {s.input for s in sites}
+        self.slots = [(ctypes.c_uint64.from_buffer(self.buffers[s.param], s.offset), s.input, s.delta) for s in sites]
 
     def write(self, ptrs: dict[int, int]) -> None:
-        for s in self.sites:
-            ctypes.c_uint64.from_buffer(self.buffers[s.param], s.offset).value = ptrs[s.input] + s.delta
+        for slot, i, delta in self.slots:
+            slot.value = ptrs[i] + delta
 
 
 class Indirection:
     """The kernel nodes of one captured graph that read inputs, and how to point them elsewhere."""
 
     def __init__(self, raw_graph: int, raw_exec: int, ranges: dict[int, tuple[int, int]]):
-        self.exec = raw_exec
+        self.exec = cuda_driver.exec_handle(raw_exec)
         self.nodes: list[_KernelNode] = []
         untouchable: set[int] = set()
         for node, kind in cuda_driver.nodes(raw_graph):
@@ -89,8 +94,7 @@ class Indirection:
         self.reasons = {i: "a memcpy or memset node reads it" for i in untouchable} | {
             i: "no kernel parameter points into it" for i in ranges if i not in found and i not in untouchable}
         for n in self.nodes:  # sites of inputs PI does not serve keep pointing at their placeholders
-            n.sites = [s for s in n.sites if s.input in self.inputs]
-            n.inputs &= self.inputs
+            n.keep([s for s in n.sites if s.input in self.inputs])
         self.nodes = [n for n in self.nodes if n.sites]
         self.current = {i: ranges[i][0] for i in self.inputs}  # where the graph reads each input now
 

@@ -381,6 +381,7 @@ def test_pi_points_only_nodes_that_read_a_moved_input_and_never_a_memcpy_input(m
     monkeypatch.setattr(pi.cuda_driver, "kernel_params", lambda node: (FakeParams(), kernels[node]))
     monkeypatch.setattr(pi.cuda_driver, "copy_addresses", lambda node, kind: [0x2010, 0x9000])
     monkeypatch.setattr(pi.cuda_driver, "set_kernel_params", set_kernel_params)
+    monkeypatch.setattr(pi.cuda_driver, "exec_handle", lambda raw: raw)
     ind = pi.Indirection(raw_graph=1, raw_exec=2, ranges=ranges)
     assert ind.inputs == {0} and ind.reasons == {1: "a memcpy or memset node reads it"}
     assert [n.node for n in ind.nodes] == ["k0", "k1"]
