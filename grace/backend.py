@@ -61,9 +61,12 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, **kwargs):
     with adapter.partitioned():
         compiled = adapter.compile_fx_inner(gm, example_inputs, **kwargs)
     backward = bool(kwargs.get("is_backward"))
+    part = "backward" if backward else "forward"
+    if not adapter.is_compiled_graph(compiled):
+        report.notes.append(f"{part}: nothing for Inductor to compile; runs as is")
+        return compiled
     adapter.finish_post_compile(compiled, example_inputs)
     parts = adapter.partitions(compiled, kwargs.get("static_input_idxs"))
-    part = "backward" if backward else "forward"
     if not parts:
         devices = ", ".join(sorted(adapter.device_types(compiled))) or "none"
         report.notes.append(f"{part}: no CUDA-graph partition (devices: {devices}); runs as compiled")

@@ -140,6 +140,12 @@ def wrap_partitions(compiled, wrappers) -> None:
     compiled.recursively_apply_fns(wrappers)
 
 
+def is_compiled_graph(compiled) -> bool:
+    """Whether Inductor compiled the graph (a CompiledFxGraph); for a graph with nothing to compile it
+    hands back a plain function, with no partitions and no post-compile steps."""
+    return isinstance(compiled, _output_code.CompiledFxGraph)
+
+
 def finish_post_compile(compiled, example_inputs) -> None:
     """What Inductor's post_compile skips when a customized partition wrapper is set and does otherwise
     without CUDA graphs: hand output strides to AOTAutograd, and realign inputs that the kernels assume

@@ -40,6 +40,16 @@ def test_backend_found_through_entry_point_without_import():
     assert out.stdout.strip().endswith("True")
 
 
+def test_a_graph_with_nothing_to_compile_runs_as_is():
+    """Inductor hands back a plain function for a graph of views alone (as in Mask R-CNN): no crash."""
+    torch.compiler.reset()
+    start = len(grace.REPORTS)
+    x = torch.randn(4, 2)
+    out = torch.compile(lambda t: t[1:], backend="grace")(x)
+    assert torch.equal(out, x[1:])
+    assert grace.REPORTS[start].notes == ["forward: nothing for Inductor to compile; runs as is"]
+
+
 def test_unknown_option_is_one_clear_error():
     with pytest.raises(Exception, match=r"unknown grace option\(s\) \['pii'\]"):
         torch.compile(_mlp(), backend="grace", options={"pii": True})(torch.randn(1, 8))
