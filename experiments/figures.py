@@ -208,10 +208,15 @@ def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
     ]
 
 
+def json_lines(path: Path) -> list[dict]:
+    """The records of a JSON-lines file written by a benchmark script."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def pi_microbench_figure(sizes: Path, out: Path) -> Path:
     """paper_figures/pi_microbench.{png,pdf,csv} from scripts/pi_microbench.py's JSON lines: host time
     per call against input size for the copy path, PI and a bare replay, and where PI starts to win."""
-    rows = [json.loads(line) for line in sizes.read_text().splitlines() if line.strip()]
+    rows = json_lines(sizes)
     table = pd.DataFrame({r["bytes_per_input"]: r["median_us_per_call"] for r in rows}).T.sort_index()
     sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6, 4))

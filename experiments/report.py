@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import stats
-from experiments.figures import BASELINE, frame, speedups
+from experiments.figures import BASELINE, frame, json_lines, speedups
 from experiments.records import Record
 
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -59,7 +58,7 @@ def write_shortfall(records: Iterable[Record], out: Path) -> Path:
 def write_replay_overhead(replays: Path, out: Path) -> Path:
     """paper_figures/replay_overhead.md from scripts/replay_overhead.py's JSON lines: host time per call
     of each way to run a model, and its excess over a bare CUDAGraph.replay() of the same work."""
-    rows = [json.loads(line) for line in replays.read_text().splitlines() if line.strip()]
+    rows = json_lines(replays)
     per_call = pd.DataFrame({f"{r['model']} ({r['size']})": r["median_us_per_call"] for r in rows}).T
     over = pd.DataFrame({f"{r['model']} ({r['size']})": r["over_bare_us"] for r in rows}).T.drop(columns="bare")
     env = rows[-1]["env"]

@@ -125,8 +125,6 @@ class _Recording:
         self.storages = adapter.storage_handles(self.tensors)
         self.baseline = adapter.references(self.tensors, self.storages)
         _OUTPUTS.update({t.data_ptr(): t for t in self.tensors})
-        self.copy_bytes = sum(p.numel() * p.element_size() for p in self.placeholders)
-        self.copies, self.patched_nodes = len(copied), 0  # per replay: tensors copied, nodes PI may patch
         self.use_graph = True  # False once SCG decided that this recording runs faster without its graph
 
     def _point(self, args: list) -> None:
@@ -144,6 +142,24 @@ class _Recording:
         self.indirection.point(ptrs)
         if dst:
             torch._foreach_copy_(dst, src)
+
+    @property
+    def served(self) -> set[int]:
+        """Copied inputs that PI reads in place instead."""
+        return self.indirection.inputs if self.indirection is not None else set()
+
+    @property
+    def still_copied(self) -> list[torch.Tensor]:
+        """Placeholders filled by a copy on each replay (those PI does not serve)."""
+        return [p for i, p in zip(self.copied, self.placeholders) if i not in self.served]
+
+    @property
+    def copy_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.still_copied)
+
+    @property
+    def patched_nodes(self) -> int:
+        return len(self.indirection.nodes) if self.indirection is not None else 0
 
     def drop(self) -> None:
         """Forget this recording (its memory goes back once no output is held)."""
@@ -254,23 +270,18 @@ class PartitionGraph:
         self.recordings[key] = recording
         s = self.stats
         s.status, s.recordings = "captured", s.recordings + 1
-        s.in_place_inputs, s.copied_inputs, s.copy_bytes_per_replay = len(in_place), len(copied), recording.copy_bytes
         s.nodes = recording.nodes
         if self.indirect and copied:
             s.pi_reasons = recording.indirect(args)
-            served = recording.indirection.inputs if recording.indirection else set()
-            s.pi_inputs = len(served)
-            s.copy_bytes_per_replay = sum(p.numel() * p.element_size() for i, p in zip(copied, recording.placeholders)
-                                          if i not in served)
-            recording.copy_bytes, recording.copies = s.copy_bytes_per_replay, len(copied) - len(served)
-            recording.patched_nodes = len(recording.indirection.nodes) if recording.indirection else 0
+        s.in_place_inputs, s.copied_inputs, s.pi_inputs = len(in_place), len(copied), len(recording.served)
+        s.copy_bytes_per_replay = recording.copy_bytes
         return recording
 
     def _costs(self, recording: _Recording, device: torch.device) -> scg.Costs | None:
         if recording.nodes is None or device.type != "cuda":
             return None  # nothing to predict from: measure
         return scg.Costs(recording.nodes["kernel"], calibrate.launch_us(device), calibrate.replay_us(device),
-                         recording.copy_bytes, calibrate.copy_bytes_per_us(device), recording.copies,
+                         recording.copy_bytes, calibrate.copy_bytes_per_us(device), len(recording.still_copied),
                          recording.patched_nodes)
 
     def _select(self, recording: _Recording, args: list) -> None:
