@@ -7,6 +7,9 @@
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
 #
+# The experiment is stopped (SIGINT) LIMIT seconds (default 570) after the script started, so that the
+# records of every finished workload still come back from a call limited to 600 s.
+#
 # Needs the hydra-core, omegaconf and antlr4 wheels in .whl/ (README: "Running on a lent GPU"). The
 # machine's .git is the session's first snapshot: pass the commit you sent as GRACE_GIT_COMMIT.
 set -uo pipefail
@@ -26,7 +29,8 @@ if [ "${BENCH:-0}" = 1 ]; then
   python3 scripts/pi_microbench.py 2>&1 | tail -9
   cp results/replay_overhead/*/replay.jsonl results/pi_microbench/*/sizes.jsonl "$out/" 2>/dev/null
 fi
-python3 run.py experiment="$experiment" budget_s="$budget" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
+timeout -s INT -k 10 $(( ${LIMIT:-570} - SECONDS )) \
+  python3 run.py experiment="$experiment" budget_s="$budget" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
 tail -5 "$out/$experiment.log"
 cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
 ls "$out"
