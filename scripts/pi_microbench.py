@@ -1,13 +1,17 @@
-"""PI microbenchmark: host time per call of one replayed graph as its input grows, for the three ways
-to feed it a new input: stock-style copy into the placeholder, PI (re-point the kernel at the input),
-and a bare replay of the same graph on the same input (the floor).
+"""PI microbenchmark: time per call of one replayed graph as its input grows, for the three ways to feed
+it a new input: stock-style copy into the placeholder, PI (re-point the kernel at the input), and a bare
+replay of the same graph on the same input (the floor).
 
     python scripts/pi_microbench.py [--out results/pi_microbench] [--calls 200] [--rounds 5]
 
 The graph is an EOS-like elementwise chain over three float32 inputs (one Triton kernel under
-Inductor), for 2^10 .. 2^24 elements. Each call passes fresh input tensors (three are cycled), so the
-copy path copies and the PI path re-points every call. Writes one JSON line per size and, with
-`python scripts/make_figures.py`, paper_figures/pi_microbench.png.
+Inductor), for 2^10 .. 2^24 elements. `copy` and `pi` are GraCE's replay path (a PartitionGraph around
+the compiled chain, as scripts/replay_overhead.py builds it) with its inputs copied or re-pointed;
+Dynamo's guards and wrappers, the same for both, are left out so that what differs is the input feed.
+Each call passes fresh input tensors (three sets are cycled), so `copy` copies and `pi` re-points every
+call. A round times `calls` back-to-back calls and one synchronization, so a call costs the host's time
+or the GPU's, whichever is longer. Writes one JSON line per size, with the partition's PI state (inputs
+re-pointed, bytes still copied); `python scripts/make_figures.py` plots paper_figures/pi_microbench.png.
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ import argparse
 import dataclasses
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import torch
 
-import grace  # noqa: F401  (backend="grace")
-from experiments import environment
-from grace.calibrate import per_call_us
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments and grace
+
+from experiments import environment  # noqa: E402
+from grace.calibrate import per_call_us  # noqa: E402
+from replay_overhead import bare_replay, partition_graph  # noqa: E402
 
 SIZES = [2**k for k in range(10, 25, 2)]
 
@@ -34,31 +41,33 @@ def chain(a, b, c):
 def measure(n: int, calls: int, rounds: int) -> dict:
     device = torch.device("cuda")
     sets = [tuple(torch.randn(n, device=device) for _ in range(3)) for _ in range(3)]
-    ways = {}
-    for way, options in {"copy": {"pi": False}, "pi": {"pi": True}}.items():
-        torch.compiler.reset()
-        compiled = torch.compile(chain, backend="grace", options={"cgct": False, **options})
+    compiled = torch.compile(chain)
+    ways, parts = {"bare": bare_replay(compiled, sets[0])}, {}
+    for way, indirect in {"copy": False, "pi": True}.items():
+        part = parts[way] = partition_graph(compiled, 3, static=False, indirect=indirect)
         state = {"i": 0}
 
-        def call(c=compiled, s=state):
+        def call(p=part, s=state):
             s["i"] += 1
-            return c(*sets[s["i"] % 3])
+            return p(list(sets[s["i"] % 3]))
 
         for _ in range(4):
             call()
         ways[way] = call
-    graph, static = torch.cuda.CUDAGraph(), sets[0]
-    with torch.cuda.graph(graph):
-        chain(*static)
-    ways["bare"] = graph.replay
     per_round = {way: [] for way in ways}
-    with torch.no_grad():
-        for r in range(rounds):
-            for way in list(ways)[r % 3:] + list(ways)[:r % 3]:
-                per_round[way].append(per_call_us(ways[way], calls, device))
+    for r in range(rounds):
+        for way in list(ways)[r % 3:] + list(ways)[:r % 3]:
+            per_round[way].append(per_call_us(ways[way], calls, device))
+    expected = chain(*sets[1])
+    for way, part in parts.items():
+        torch.testing.assert_close(part(list(sets[1]))[0], expected)
     return {"elements": n, "bytes_per_input": 4 * n, "calls": calls, "rounds": rounds,
             "median_us_per_call": {w: statistics.median(v) for w, v in per_round.items()},
-            "us_per_call_by_round": per_round, "env": dataclasses.asdict(environment.current())}
+            "us_per_call_by_round": per_round,
+            "partition": {way: {"status": p.stats.status, "pi_inputs": p.stats.pi_inputs,
+                                "copy_bytes_per_replay": p.stats.copy_bytes_per_replay,
+                                "pi_reasons": p.stats.pi_reasons} for way, p in parts.items()},
+            "env": dataclasses.asdict(environment.current())}
 
 
 def main() -> None:

@@ -18,22 +18,25 @@ import argparse
 import dataclasses
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments and grace
+
 import grace  # noqa: F401  (backend="grace")
-from grace import runtime
-from grace.calibrate import per_call_us
-from grace.torch_adapter import Partition
-from experiments import environment, workloads
-from experiments.task import Task
+from grace import runtime  # noqa: E402
+from grace.calibrate import per_call_us  # noqa: E402
+from grace.torch_adapter import Partition  # noqa: E402
+from experiments import environment, workloads  # noqa: E402
+from experiments.task import Task  # noqa: E402
 
 MODELS = [("mlp", "full"), ("resnet18", "full"), ("eos_chain", "tiny")]
 
 
-def _bare(model, inputs):
-    compiled = torch.compile(model)
+def bare_replay(compiled, inputs):
+    """One CUDA graph captured around `compiled(*inputs)`: its replay, with no input copy and no checks."""
     for _ in range(3):
         compiled(*inputs)
     graph = torch.cuda.CUDAGraph()
@@ -42,28 +45,30 @@ def _bare(model, inputs):
     return graph.replay
 
 
-def _partition(model, inputs):
-    """GraCE's replay path alone: its PartitionGraph around the same compiled work as `bare`, every input
-    static (read in place), so what it adds over `bare` is the runtime's own checks and bookkeeping."""
-    compiled = torch.compile(model)
+def partition_graph(compiled, n_inputs: int, static: bool = True, indirect: bool = False):
+    """GraCE's replay path around the same compiled work as `bare_replay`: a PartitionGraph whose inputs
+    are all static (read in place: what it adds over `bare` is the runtime's own checks and bookkeeping),
+    or all copied into placeholders, or with `indirect` all re-pointed by PI."""
 
     def fn(args):
         xs = list(args)
         args.clear()
         return (compiled(*xs),)
 
-    part = runtime.PartitionGraph(fn, Partition(0, frozenset(range(len(inputs))), frozenset()),
-                                  runtime.Stats(0, False, 0))
-    for _ in range(3):
-        part(list(inputs))
-    return lambda: part(list(inputs))
+    inputs = frozenset(range(n_inputs)) if static else frozenset()
+    return runtime.PartitionGraph(fn, Partition(0, inputs, frozenset()), runtime.Stats(0, False, 0),
+                                  indirect=indirect)
 
 
 def measure(name: str, size: str, calls: int, rounds: int) -> dict:
     task = Task(workloads.get(name)("eval", size=size, device="cuda"), seed=0)
     model, inputs = task.model, task.input_sets[0]
     with torch.inference_mode():
-        ways = {"bare": _bare(model, inputs), "partition": _partition(model, inputs)}
+        compiled = torch.compile(model)
+        part = partition_graph(compiled, len(inputs))
+        for _ in range(3):
+            part(list(inputs))
+        ways = {"bare": bare_replay(compiled, inputs), "partition": lambda: part(list(inputs))}
         for way, kwargs in {"runtime": {"backend": "grace", "options": {"cgct": False}},
                             "pt2_cg": {"mode": "reduce-overhead"}, "inductor": {}}.items():
             torch.compiler.reset()
