@@ -214,7 +214,7 @@ def json_lines(path: Path) -> list[dict]:
 
 
 def pi_microbench_figure(sizes: Path, out: Path) -> Path:
-    """paper_figures/pi_microbench.{png,pdf,csv} from scripts/pi_microbench.py's JSON lines: host time
+    """paper_figures/pi_microbench.{png,pdf,csv} from scripts/pi_microbench.py's JSON lines: time
     per call against input size for the copy path, PI and a bare replay, and where PI starts to win."""
     rows = json_lines(sizes)
     table = pd.DataFrame({r["bytes_per_input"]: r["median_us_per_call"] for r in rows}).T.sort_index()
@@ -227,7 +227,7 @@ def pi_microbench_figure(sizes: Path, out: Path) -> Path:
     wins = table.index[table["pi"] < table["copy"]]
     if len(wins):
         ax.axvline(wins[0], color="grey", linestyle=":", label=f"PI faster from {wins[0]:,} bytes")
-    ax.set(xscale="log", yscale="log", xlabel="bytes per input (three inputs)", ylabel="host us per call",
+    ax.set(xscale="log", yscale="log", xlabel="bytes per input (three inputs)", ylabel="us per call (host or GPU, whichever is longer)",
            title="One graph, fresh inputs every call")
     ax.legend()
     return _save(fig, table, out, "pi_microbench", index_label="bytes per input")

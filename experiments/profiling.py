@@ -33,12 +33,17 @@ def kernel_stats(events: Iterable[dict], iters: int, copy_bytes: int, cuda: bool
     )
 
 
+def _repeat(step: Callable[[], object], iters: int) -> None:
+    """The steps, each output dropped before the next step, as in the timed loop."""
+    for _ in range(iters):
+        step()
+
+
 def profile_iterations(step: Callable[[], object], iters: int, device: torch.device) -> KernelStats:
     cuda = device.type == "cuda"
     with count_graph_input_copies() as copied:
         if not cuda:  # no kernels to trace: count the copies alone
-            for _ in range(iters):
-                step()
+            _repeat(step, iters)
             return kernel_stats([], iters, copied[0], cuda)
-        events = trace(lambda: [step() for _ in range(iters)])
+        events = trace(lambda: _repeat(step, iters))
     return kernel_stats(events, iters, copied[0], cuda)

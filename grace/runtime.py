@@ -11,12 +11,15 @@ A partition's life, per set of sizes (one, unless shapes are dynamic):
              partition mutates, outputs of another GraCE graph) are captured in place; every other
              tensor input gets a placeholder that receives a copy before each replay, as stock graph
              trees do; the graph is then replayed for this call's result;
-  later      replays, after one check that in-place inputs still sit at their recorded addresses and
-             that nobody still holds the outputs of the previous replay (they are overwritten).
+  later      replays a recording whose in-place inputs sit where this call's are and whose outputs
+             nobody still holds (a replay overwrites them). In `y = model(x)` loops the caller holds
+             the previous output during the next call: a second recording (a twin, with its own
+             memory) then takes turns with the first. In-place inputs that alternate (two KV caches)
+             get a recording each; KEEP recordings per set of sizes are kept, the oldest dropped.
 Anything else is handled without a graph, the reason kept in the partition's Stats: capture fails
-(a synchronising op), in-place inputs keep moving (re-recorded up to MAX_RECORDINGS times), outputs of
-the previous replay still alive (that call runs without the graph), more distinct shapes than
-MAX_RECORDINGS.
+(a synchronising op), in-place inputs keep moving (recorded at most MAX_RECORDINGS times), the outputs
+of both twins still held (a caller collecting outputs in a list: that call runs without the graph),
+more distinct shapes than MAX_RECORDINGS.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from grace.snapshot import Snapshot
 
 log = logging.getLogger("grace")
 
-MAX_RECORDINGS = 8  # per partition: distinct shapes plus re-recordings after in-place inputs moved
+MAX_RECORDINGS = 8  # per partition: distinct shapes, in-place addresses and twins, over its life
+KEEP = 4  # recordings kept per set of sizes (in-place addresses that alternate, twins)
+TWINS = 2  # recordings per set of sizes and in-place addresses: one may be replayed while the other's outputs are held
 ALIGNMENT = 16  # bytes: Inductor's kernels assume inputs this aligned
 
 
@@ -230,7 +235,7 @@ class PartitionGraph:
                  indirect: bool = False):
         self.fn, self.partition, self.stats = fn, partition, stats
         self.selective, self.indirect = selective, indirect  # SCG, PI
-        self.recordings: dict[tuple, _Recording] = {}  # by the values of the partition's size arguments
+        self.recordings: dict[tuple, list[_Recording]] = {}  # by the values of its size arguments, oldest first
         self.scalars: list[int] | None = None
         self.warmed: set[tuple] = set()  # sizes seen once (warm-up): the next call at them records
         self.calls = 0
@@ -239,8 +244,9 @@ class PartitionGraph:
         if reason is not None:
             if final:
                 self.stats.status = "eager"
-                for recording in self.recordings.values():
-                    recording.drop()
+                for recordings in self.recordings.values():
+                    for recording in recordings:
+                        recording.drop()
                 self.recordings.clear()
                 log.info("grace: graph %d partition %d runs without a CUDA graph: %s",
                          self.stats.graph, self.stats.partition, reason)
@@ -267,7 +273,6 @@ class PartitionGraph:
             recording = _Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated))
         except Exception as e:  # capture failed (a synchronising op, say): never the user's problem
             return f"capture failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-        self.recordings[key] = recording
         s = self.stats
         s.status, s.recordings = "captured", s.recordings + 1
         s.nodes = recording.nodes
@@ -306,19 +311,25 @@ class PartitionGraph:
         if key not in self.warmed:  # a first call at these sizes runs as compiled: lazy init, autotuning
             self.warmed.add(key)
             return self._eager(args)
-        recording = self.recordings.get(key)
-        if recording is not None and not adapter.data_ptrs_equal(args, recording.ptrs, recording.in_place):
-            self.recordings.pop(key).drop()  # an in-place input moved: record again with its new address
-            recording = None
+        recordings = self.recordings.setdefault(key, [])
+        if recordings and not recordings[0].use_graph:
+            return self._eager(args)  # SCG decided for these sizes
+        here = [r for r in recordings if adapter.data_ptrs_equal(args, r.ptrs, r.in_place)]
+        recording = next((r for r in here if not r.outputs_alive()), None)
+        if recording is None and len(here) >= TWINS:
+            return self._eager(args, "outputs of the previous replays were still held by the caller")
         if recording is None:
             recording = self._record(key, args)
             if isinstance(recording, str):
                 return self._eager(args, recording, final=True)
-            if self.selective:
+            if self.selective and not recordings:  # later recordings at these sizes keep the decision
                 self._select(recording, args)
+            if len(recordings) >= KEEP:
+                recordings.pop(0).drop()
+        else:
+            recordings.remove(recording)
+        recordings.append(recording)  # most recently used last
         if not recording.use_graph:
             return self._eager(args)
-        if recording.outputs_alive():
-            return self._eager(args, "outputs of the previous replay were still held by the caller")
         self.stats.replays += 1
         return recording.replay(args)

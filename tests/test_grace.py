@@ -128,16 +128,40 @@ def test_runtime_records_again_when_a_static_input_moves(cpu_graphs):
     assert stats.recordings >= 2 and stats.status == "captured"
 
 
-def test_runtime_does_not_replay_over_outputs_still_held(cpu_graphs):
+def test_runtime_replays_a_twin_while_outputs_are_held_and_never_overwrites_them(cpu_graphs):
     part, stats = _part(_partition_fn([]), static={1})
     w = torch.ones(4)
     part([torch.randn(4), w])  # warm-up
-    x1, x2 = torch.randn(4), torch.randn(4)
-    (y1,) = part([x1, w])  # recorded: y1 is the graph's output buffer
-    (y2,) = part([x2, w])  # y1 held: runs without the graph
-    torch.testing.assert_close(y1, x1 * w + 1)
-    torch.testing.assert_close(y2, x2 * w + 1)
-    assert stats.eager_calls == 1 and "still held" in stats.reason and stats.status == "captured"
+    xs = [torch.randn(4) for _ in range(4)]
+    (y1,) = part([xs[0], w])  # recorded: y1 is the graph's output buffer
+    (y2,) = part([xs[1], w])  # y1 held: a twin is recorded, with its own output buffer
+    (y3,) = part([xs[2], w])  # both held: runs without a graph
+    assert stats.recordings == 2 and stats.replays == 2 and stats.eager_calls == 1 and "still held" in stats.reason
+    del y1, y3
+    (y4,) = part([xs[3], w])  # the first recording's output is free again: replayed over
+    assert stats.replays == 3 and stats.recordings == 2 and stats.status == "captured"
+    torch.testing.assert_close(y2, xs[1] * w + 1)
+    torch.testing.assert_close(y4, xs[3] * w + 1)
+
+
+def test_a_loop_that_holds_the_previous_output_replays_every_call(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    w, y = torch.ones(4), None
+    for _ in range(10):
+        x = torch.randn(4)
+        (y,) = part([x, w])  # y of the previous call is alive during this one
+        torch.testing.assert_close(y, x * w + 1)
+    assert stats.replays == 9 and stats.recordings == 2 and stats.eager_calls == 0
+
+
+def test_in_place_inputs_that_alternate_keep_a_recording_each(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    x, caches = torch.randn(4), [torch.full((4,), 2.0), torch.full((4,), 3.0)]
+    for i in range(8):
+        (y,) = part([x, caches[i % 2]])
+        torch.testing.assert_close(y, x * caches[i % 2] + 1)
+        del y
+    assert stats.recordings == 2 and stats.replays == 7 and stats.status == "captured"
 
 
 def test_runtime_gives_up_after_too_many_recordings(cpu_graphs):
@@ -405,7 +429,7 @@ def test_a_recording_that_is_gone_leaves_no_address_behind(cpu_graphs):
     w = torch.ones(4)
     part([torch.randn(4), w])
     part([torch.randn(4), w])  # recorded: its output's address is registered as a graph output
-    (out,) = next(iter(part.recordings.values())).outputs
+    (out,) = part.recordings[()][0].outputs
     address = out.data_ptr()
     assert address in runtime._OUTPUTS
     del part, out

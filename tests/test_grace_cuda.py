@@ -71,13 +71,15 @@ def test_outputs_still_held_are_not_overwritten_by_the_next_call():
     model = _mlp()
     compiled = torch.compile(model, backend="grace")
     compiled(torch.randn(16, 32, device="cuda"))  # warm-up
-    x1, x2 = torch.randn(16, 32, device="cuda"), torch.randn(16, 32, device="cuda")
+    x1, x2, x3 = (torch.randn(16, 32, device="cuda") for _ in range(3))
     y1 = compiled(x1)  # recorded and replayed: y1 lives in the graph's memory
-    y2 = compiled(x2)  # y1 still held: this call must not replay over it
+    y2 = compiled(x2)  # y1 still held: replays a twin recording, with memory of its own
+    y3 = compiled(x3)  # both held: runs without a graph
     torch.testing.assert_close(y1, model(x1))
     torch.testing.assert_close(y2, model(x2))
+    torch.testing.assert_close(y3, model(x3))
     (stats,) = grace.REPORTS[-1].partitions
-    assert stats.eager_calls == 1 and "still held" in stats.reason
+    assert stats.recordings == 2 and stats.replays == 2 and stats.eager_calls == 1 and "still held" in stats.reason
 
 
 class Schedule(torch.nn.Module):
