@@ -1,7 +1,7 @@
 """Result records: one JSON line per (workload, variant, run), appended atomically.
 
 A record is final when its status is `ok` or `mismatch` (a measurement was made); a rerun skips final
-records unless forced. `failed` and `skipped` records are kept as history and retried. Readers take the
+records unless forced. `failed`, `skipped` and `interrupted` records are kept as history and retried. Readers take the
 latest record per key.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("ok", "mismatch", "failed", "skipped")
+STATUSES = ("ok", "mismatch", "failed", "skipped", "interrupted")
 FINAL_STATUSES = frozenset({"ok", "mismatch"})
 
 

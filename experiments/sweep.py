@@ -48,6 +48,9 @@ class Entry:
 def _entries(workload_cfg: Mapping[str, Any], size: str | None) -> list[Entry]:
     entries = []
     for label, w in workload_cfg.items():
+        if "name" not in w:  # an experiment's settings for a workload that the command line left out
+            log.warning("workload %r: not selected, its settings %s are ignored", label, dict(w))
+            continue
         try:
             cls = workloads.get(w["name"])
             wl = cls(w["mode"], w.get("batch"), size or w.get("size", "full"))
@@ -86,6 +89,7 @@ class Sweep:
         if not self.variants:
             raise ConfigError("no variant selected")
         self.store = RecordStore(records_path(cfg, self.env))
+        self._appended: set[str] = set()
         self.session = uuid.uuid4().hex[:12]
 
     def run(self) -> Path:
@@ -114,7 +118,11 @@ class Sweep:
 
     def _unmeasured(self, entry: Entry, run: int, variant: Variant, status: str, reason: str) -> None:
         log.warning("%s / %s: %s: %s", entry.name, variant.name, status, reason)
-        self.store.append(self._record(entry, run, variant, status, reason=reason))
+        self._append(self._record(entry, run, variant, status, reason=reason))
+
+    def _append(self, record: Record) -> None:
+        self.store.append(record)
+        self._appended.add(record.variant)
 
     def _tp_unavailable(self) -> str | None:
         gpus = torch.cuda.device_count()
@@ -137,6 +145,8 @@ class Sweep:
             else:
                 available.append(v)
         workers: dict[str, tuple[Variant, Worker, Setup]] = {}
+        self._appended = set()  # variants of this workload recorded so far
+        start = time.monotonic()
         try:
             self._set_up(entry, run, available, workers)
             rounds = self._time_rounds(entry, run, workers)
@@ -148,8 +158,14 @@ class Sweep:
                 except WorkerError as e:
                     self._unmeasured(entry, run, v, "failed", str(e))
                     continue
-                self.store.append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds,
-                                                 kernels=kernels, **asdict(diagnostics)))
+                self._append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds,
+                                            kernels=kernels, **asdict(diagnostics)))
+        except KeyboardInterrupt:  # stopped from outside (a time limit): say so in a record, retried later
+            for v in available:
+                if v.name not in self._appended:
+                    self._unmeasured(entry, run, v, "interrupted",
+                                     f"stopped (SIGINT) {time.monotonic() - start:.0f} s into this workload")
+            raise
         finally:
             for _, worker, _ in workers.values():
                 worker.close()

@@ -121,3 +121,25 @@ def test_parallel_setup_measures_the_same_variants(make_cfg):
     assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok"}
     assert recs["eager"].measure["parallel_setup"] is True
     assert recs["eager"].round_ratios == stats.round_ratios(recs["eager"].iter_ms, recs["inductor"].iter_ms)
+
+
+def test_an_interrupted_workload_is_recorded_as_such_and_measured_on_resume(make_cfg, monkeypatch):
+    overrides = ["workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]"]
+    sweep = Sweep(make_cfg(*overrides))
+
+    def stopped(*args):
+        raise KeyboardInterrupt  # what `timeout -s INT` delivers in the middle of a compile
+
+    monkeypatch.setattr(sweep, "_time_rounds", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run()
+    recs = _by_variant(sweep.store)
+    assert {v: r.status for v, r in recs.items()} == {"eager": "interrupted", "inductor": "interrupted"}
+    assert "SIGINT" in recs["eager"].reason
+    resumed = _sweep(make_cfg, *overrides)
+    assert {r.status for r in resumed.store.latest().values()} == {"ok"}
+
+
+def test_an_experiments_settings_for_a_workload_left_out_are_ignored(make_cfg):
+    sweep = Sweep(make_cfg("experiment=tp", "workload=[XLNET-I]"))  # tp.yaml also sets DALLE2's batch
+    assert [(e.name, e.batch) for e in sweep.entries] == [("xlnet", 128)]
