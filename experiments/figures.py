@@ -180,11 +180,15 @@ def copy_bytes_table(records: Iterable[Record], out: Path,
 
 def tp_figure(records: Iterable[Record], out: Path, variants: Sequence[str] = ("pt2_cg", "grace")) -> Path | None:
     """Fig 11: latency per workload at each tensor-parallel degree, PyTorch2-CG against GraCE (the slowest
-    rank's iterations); None without tensor-parallel records."""
+    rank's iterations), for the workload settings (mode, batch, size) that ran tensor-parallel; None
+    without tensor-parallel records."""
     df = frame(records)
     df = df[(df["status"] == "ok") & df["variant"].isin(variants)]
-    if not (df["tp"] > 1).any():
+    setting = ["workload", "mode", "batch", "size"]
+    parallel = df.loc[df["tp"] > 1, setting].drop_duplicates()
+    if parallel.empty:
         return None
+    df = df.merge(parallel, on=setting)
     df = df.assign(bar=[f"{LABELS.get(v, v)} TP{t}" for v, t in zip(df["variant"], df["tp"])])
     table = df.pivot_table(index="label", columns="bar", values="median_ms")
     table = table[sorted(table.columns, key=lambda c: (c.split(" TP")[0] != LABELS.get(variants[0]), int(c.split(" TP")[1])))]

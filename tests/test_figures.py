@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pandas as pd
@@ -109,3 +110,8 @@ def test_fig11_from_tensor_parallel_records(tmp_path):
     lines = (tmp_path / "fig11_tp.csv").read_text().splitlines()
     assert lines[0] == "workload,PyTorch2-CG TP1,PyTorch2-CG TP2,GraCE TP1,GraCE TP2"
     assert lines[1].endswith(",10.0,6.0,8.0,5.0")
+    # Single-GPU records at another batch, or of a workload never run tensor-parallel, are not TP1 points.
+    other = [dataclasses.replace(make("pt2_cg", median_ms=3.0), batch=1),
+             dataclasses.replace(make("grace", median_ms=2.0), workload="resnet18")]
+    tp_figure(records + other, tmp_path)
+    assert (tmp_path / "fig11_tp.csv").read_text().splitlines() == lines
