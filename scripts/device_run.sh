@@ -6,7 +6,9 @@
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
-#   CUDA_VISIBLE_DEVICES=1 OUT=$OUT/b RESULTS=/tmp/r1 ... shard=1/2 &    # a second GPU, its own records
+#   CUDA_VISIBLE_DEVICES=1 OUT=$OUT/b TESTS=0 ... shard=1/2 & CUDA_VISIBLE_DEVICES=0 ... shard=0/2; wait
+#     (two GPUs: both shards append to the one records file, each record under a lock; the copy in $OUT
+#     made by the shard that ends last holds both)
 #
 # The experiment is stopped (SIGINT) LIMIT seconds (default 570) after the script started, so that the
 # records of every finished workload still come back from a call limited to 600 s.
@@ -20,7 +22,6 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python3 -c "import hydra" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-results=${RESULTS:-results}  # another folder for a second sweep running beside this one (one per GPU)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
 if [ "${TESTS:-1}" = 1 ]; then
   python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
@@ -32,7 +33,7 @@ if [ "${BENCH:-0}" = 1 ]; then
   cp results/replay_overhead/*/replay.jsonl results/pi_microbench/*/sizes.jsonl "$out/" 2>/dev/null
 fi
 timeout -s INT -k 10 $(( ${LIMIT:-570} - SECONDS )) \
-  python3 run.py experiment="$experiment" budget_s="$budget" results_dir="$results" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
+  python3 run.py experiment="$experiment" budget_s="$budget" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
 tail -5 "$out/$experiment.log"
-cp "$results/$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
+cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
 ls "$out"
