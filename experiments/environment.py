@@ -32,6 +32,7 @@ class Environment:
     git_commit: str  # "<sha>" or "<sha>-dirty"; GRACE_GIT_COMMIT when the tree has no .git
     host: str
     date: str  # UTC, ISO 8601
+    gpus: str | None = None  # "<visible to this process> of <on the host>": "1 of 2" when a second sweep may share the host
 
 
 def _git_commit() -> str:
@@ -48,13 +49,14 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def _driver_version() -> str | None:
+def _driver_versions() -> list[str]:
+    """One line per GPU on the host (whatever CUDA_VISIBLE_DEVICES hides), empty without nvidia-smi."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, check=True, timeout=30).stdout
-        return out.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return None
+        return out.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return []
 
 
 def _version(dist: str) -> str | None:
@@ -67,10 +69,11 @@ def _version(dist: str) -> str | None:
 @cache
 def current() -> Environment:
     cuda = torch.cuda.is_available()
+    drivers = _driver_versions() if cuda else []
     return Environment(
         device="cuda" if cuda else "cpu",
         gpu=torch.cuda.get_device_name() if cuda else None,
-        driver=_driver_version() if cuda else None,
+        driver=drivers[0] if drivers else None,
         cuda=torch.version.cuda,
         torch=torch.__version__,
         triton=_version("triton"),
@@ -78,6 +81,7 @@ def current() -> Environment:
         git_commit=_git_commit(),
         host=platform.node(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        gpus=f"{torch.cuda.device_count()} of {len(drivers)}" if cuda else None,
     )
 
 

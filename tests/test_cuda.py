@@ -31,6 +31,8 @@ def test_every_variant_ok_and_right(records):
         assert r.status == "ok", (w, v, r.reason)
         assert r.numerics.passed
         assert r.env["gpu"] and r.env["driver"] and r.env["cuda"]
+        visible, host = (int(n) for n in r.env["gpus"].split(" of "))
+        assert 1 <= visible <= host
         assert r.kernels.gpu_kernel_ms > 0 and r.kernels.kernels > 0
         assert r.median_ms > r.kernels.gpu_kernel_ms  # wall time sits above the GPU's own time
         assert all(c is not None and c > 0 for c in r.sm_clock_mhz)
