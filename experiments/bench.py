@@ -46,6 +46,7 @@ class Diagnostics:
     cudagraph_skip_reasons: list[str]
     graph_breaks: int
     unique_graphs: int
+    graph_break_reasons: list[str]
     grace: dict | None  # what the grace backend did in one iteration (grace.explain), for its variants
 
 

@@ -50,11 +50,13 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
             "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None,
             "rel_err": r.numerics.rel_err if r.numerics else None, "cudagraph_skips": r.cudagraph_skips, "graph_breaks": r.graph_breaks,
             "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons),
+            "graph_break_reasons": "; ".join(r.graph_break_reasons),
             **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
     df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
-                                           "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", *ENV_COLUMNS])
+                                           "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
+                                           *ENV_COLUMNS])
     df = df.drop_duplicates(subset=KEY, keep="last")
     df["label"] = df.apply(_label, axis=1)
     return df

@@ -78,6 +78,7 @@ class Record:
     cudagraph_skip_reasons: list[str] = field(default_factory=list)  # what it logged, each reason once
     graph_breaks: int | None = None  # Dynamo's graph breaks while compiling
     unique_graphs: int | None = None  # distinct graphs Dynamo compiled (recompilations included)
+    graph_break_reasons: list[str] = field(default_factory=list)  # why Dynamo broke graphs or skipped frames
     numerics: Numerics | None = None
     grace: dict[str, Any] | None = None  # grace backend variants: grace.explain's summary of one iteration
     measure: dict[str, Any] = field(default_factory=dict)  # the measurement settings (conf/measure)

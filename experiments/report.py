@@ -33,8 +33,8 @@ def _ok(df: pd.DataFrame, variant: str) -> pd.DataFrame:
 
 def shortfall(records: Iterable[Record]) -> pd.DataFrame:
     """Per workload, what stock CUDA graphs (pt2_cg) did: graphs per iteration, share of kernels in
-    graphs, bytes copied into graph inputs, time against `inductor`, Dynamo's graph breaks, Inductor's
-    reasons for skipping graphs."""
+    graphs, bytes copied into graph inputs, time against `inductor`, Dynamo's graph breaks and why (a
+    frame Dynamo skipped runs eager), Inductor's reasons for skipping graphs."""
     df = frame(records)
     cg, base = _ok(df, "pt2_cg"), _ok(df, BASELINE)["median_ms"]
     table = pd.DataFrame({
@@ -43,6 +43,7 @@ def shortfall(records: Iterable[Record]) -> pd.DataFrame:
         "bytes copied/iter": cg["graph_input_copy_bytes"],
         "pt2_cg / inductor time": cg["median_ms"] / base.reindex(cg.index),
         "graph breaks": cg["graph_breaks"],
+        "graph break reasons": cg["graph_break_reasons"],
         "cudagraph skips": cg["cudagraph_skips"],
         "skip reasons": cg["cudagraph_skip_reasons"],
     }).sort_index()

@@ -21,10 +21,17 @@ def cudagraph_skips() -> int:
     return _counters["inductor"]["cudagraph_skips"]
 
 
-def dynamo_stats() -> dict[str, int]:
-    """Graph breaks and distinct graphs compiled by Dynamo in this process."""
+def dynamo_stats() -> dict[str, object]:
+    """Graph breaks and distinct graphs compiled by Dynamo in this process, and why Dynamo broke a graph
+    or gave up on a frame (the first line of each of its "unimplemented" messages; a frame it skipped,
+    after a graph break inside a loop say, runs eager and adds no graph break to the count)."""
+    skipped: dict[str, bool] = {}  # first line -> whether a frame was skipped over it
+    for message in _counters["unimplemented"]:
+        reason = message.splitlines()[0]
+        skipped[reason] = skipped.get(reason, False) or "frame skipped" in message or "Skipping the frame" in message
     return {"graph_breaks": sum(_counters["graph_break"].values()),
-            "unique_graphs": _counters["stats"]["unique_graphs"]}
+            "unique_graphs": _counters["stats"]["unique_graphs"],
+            "graph_break_reasons": [r + (" -> frame skipped, runs eager" if s else "") for r, s in skipped.items()]}
 
 
 class _Collect(logging.Handler):

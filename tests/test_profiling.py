@@ -54,3 +54,19 @@ def test_cudagraph_skip_reasons_are_collected():
     cudagraph_utils.log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to a test")
     assert reasons == ["skipping cudagraphs due to a test"]
     assert cudagraph_skips() == before + 1
+
+
+def test_dynamo_stats_say_why_a_frame_runs_eager():
+    from grace.torch_adapter import dynamo_stats
+
+    def decode(x):
+        scores = []
+        for _ in range(3):
+            x = x + 1
+            scores.append(float(x.sum()))  # a host read inside a loop: Dynamo gives up on the whole frame
+        return x, scores
+
+    torch._dynamo.reset()
+    torch.compile(decode, backend="eager")(torch.zeros(2))
+    stats = dynamo_stats()
+    assert any("item()" in r and r.endswith("frame skipped, runs eager") for r in stats["graph_break_reasons"]), stats

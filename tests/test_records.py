@@ -16,7 +16,7 @@ def full() -> Record:
                 p75_ms=3.25, baseline="inductor", round_ratios=[0.9, 1.1], launch_us=[7.0, 8.0],
                 sm_clock_mhz=[1980.0, None], kernels=KernelStats(10, 0.2, 12.0, 1.0, 1.0, 4096.0), peak_mem_mb=12.0,
                 cudagraph_skips=1, cudagraph_skip_reasons=["skipping cudagraphs due to mutated inputs"],
-                graph_breaks=2, unique_graphs=3,
+                graph_breaks=2, unique_graphs=3, graph_break_reasons=["Unsupported Tensor.item() call -> frame skipped, runs eager"],
                 numerics=Numerics(True, 1e-3, 2e-3, 1e-3, 1.3e-2, "bfloat16", "d", "loss"),
                 grace={"partitions": 2, "captured": 1, "not_captured": ["capture failed: x"]},
                 measure={"rounds": 2, "iters": 3}, env={"gpu": "NVIDIA H200", "torch": "2.11.0", "git_commit": "abc"})
