@@ -84,7 +84,7 @@ class Sweep:
         self.entries = _shard(_entries(OmegaConf.to_container(cfg.workload), cfg.size), cfg.shard)
         try:
             self.variants = [Variant.from_config(n, OmegaConf.to_container(v)) for n, v in cfg.variant.items()]
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise ConfigError(f"variant config: {e}") from None
         if not self.variants:
             raise ConfigError("no variant selected")

@@ -1,4 +1,5 @@
-"""A variant is how the model is run: eager, or torch.compile with some backend, mode and options.
+"""A variant is how the model is run: eager, or torch.compile with some backend, mode and options, and
+Dynamo settings of its own (each variant runs in a process of its own).
 
 Each lives in conf/variant/<name>.yaml as data; this module only turns that data into a callable.
 """
@@ -12,6 +13,8 @@ from typing import Any, Callable
 
 import torch
 
+from grace.torch_adapter import check_dynamo_config, set_dynamo_config
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -19,6 +22,10 @@ class Variant:
     compile: Mapping[str, Any] | None = None  # torch.compile's keyword arguments; None runs eager
     requires_cuda: bool = False
     description: str = ""
+    dynamo: Mapping[str, Any] | None = None  # torch._dynamo.config settings, e.g. {capture_scalar_outputs: true}
+
+    def __post_init__(self):
+        check_dynamo_config(dict(self.dynamo or {}))
 
     @classmethod
     def from_config(cls, name: str, cfg: Mapping[str, Any]) -> Variant:
@@ -32,6 +39,8 @@ class Variant:
     def apply(self, model: torch.nn.Module) -> Callable:
         if self.compile is None:
             return model
+        if self.dynamo:
+            set_dynamo_config(dict(self.dynamo))
         kwargs = dict(self.compile)
         backend = kwargs.get("backend")
         if isinstance(backend, str) and ":" in backend:  # "package.module:function", a backend of one's own

@@ -43,6 +43,24 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def check_dynamo_config(settings: dict) -> None:
+    """Raise ValueError naming a setting that torch._dynamo.config does not have."""
+    import torch._dynamo.config as dynamo_config
+
+    unknown = [name for name in settings if not hasattr(dynamo_config, name)]
+    if unknown:
+        raise ValueError(f"torch._dynamo.config has no setting {', '.join(map(repr, unknown))}")
+
+
+def set_dynamo_config(settings: dict) -> None:
+    """Set torch._dynamo.config fields for the rest of the process (a harness variant's own process)."""
+    import torch._dynamo.config as dynamo_config
+
+    check_dynamo_config(settings)
+    for name, value in settings.items():
+        setattr(dynamo_config, name, value)
+
+
 def collect_cudagraph_skip_reasons() -> list[str]:
     """From now on, for the life of the process, the reasons Inductor logs for not using CUDA graphs
     ("skipping cudagraphs due to ..." at WARNING on the `cudagraphs` log artifact) are appended to the

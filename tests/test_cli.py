@@ -30,6 +30,7 @@ def recorded(tmp_path):
     (["experiment=smoke", "workload=[mlp]", "workload.mlp.name=nope"], "error: workload 'mlp': unknown workload 'nope'"),
     (["experiment=smoke", "workload=[EOS]", "workload.EOS.mode=train"], "no train mode"),
     (["experiment=smoke", "shard=3"], "error: shard must be"),
+    (["experiment=smoke", "+variant.x.dynamo.no_such_setting=1"], "torch._dynamo.config has no setting 'no_such_setting'"),
 ])
 def test_bad_input(tmp_path, recorded, args, message):
     before = hashlib.sha256(recorded.read_bytes()).hexdigest()

@@ -143,3 +143,13 @@ def test_an_interrupted_workload_is_recorded_as_such_and_measured_on_resume(make
 def test_an_experiments_settings_for_a_workload_left_out_are_ignored(make_cfg):
     sweep = Sweep(make_cfg("experiment=tp", "workload=[XLNET-I]"))  # tp.yaml also sets DALLE2's batch
     assert [(e.name, e.batch) for e in sweep.entries] == [("xlnet", 128)]
+
+
+def test_a_variant_with_its_own_dynamo_settings_traces_what_stock_dynamo_skips(make_cfg):
+    sweep = _sweep(make_cfg, "workload=[ST]", "size=tiny", "variant=[inductor]",
+                   "+variant.scalars.compile.backend=inductor", "+variant.scalars.dynamo.capture_scalar_outputs=true")
+    recs = _by_variant(sweep.store)
+    stock, scalars = recs["inductor"], recs["scalars"]
+    assert stock.status == "ok" and scalars.status == "ok" and scalars.numerics.passed, scalars.reason
+    assert stock.unique_graphs == 0 and any("frame skipped" in r for r in stock.graph_break_reasons)
+    assert scalars.unique_graphs >= 1 and not any("frame skipped" in r for r in scalars.graph_break_reasons)
