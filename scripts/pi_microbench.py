@@ -16,7 +16,6 @@ re-pointed, bytes still copied); `python scripts/make_figures.py` plots paper_fi
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 from experiments import environment  # noqa: E402
 from grace.calibrate import per_call_us  # noqa: E402
-from replay_overhead import bare_replay, partition_graph  # noqa: E402
+from replay_overhead import bare_replay, bench_args, partition_graph  # noqa: E402
 
 SIZES = [2**k for k in range(10, 25, 2)]
 
@@ -71,13 +70,7 @@ def measure(n: int, calls: int, rounds: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results/pi_microbench")
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("error: pi_microbench needs a CUDA GPU")
+    args = bench_args(__doc__, "pi_microbench", calls=200, rounds=5)
     out = Path(args.out) / environment.device_tag(environment.current())
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sizes.jsonl"

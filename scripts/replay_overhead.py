@@ -87,14 +87,20 @@ def measure(name: str, size: str, calls: int, rounds: int) -> dict:
             "us_per_call_by_round": per_round, "env": dataclasses.asdict(environment.current())}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="results/replay_overhead")
-    parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=7)
+def bench_args(doc: str, name: str, calls: int, rounds: int) -> argparse.Namespace:
+    """A host-cost benchmark's command line (--out, --calls, --rounds); exits with one line without CUDA."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default=f"results/{name}")
+    parser.add_argument("--calls", type=int, default=calls)
+    parser.add_argument("--rounds", type=int, default=rounds)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("error: replay_overhead needs a CUDA GPU")
+        raise SystemExit(f"error: {name} needs a CUDA GPU")
+    return args
+
+
+def main() -> None:
+    args = bench_args(__doc__, "replay_overhead", calls=300, rounds=7)
     records = [measure(name, size, args.calls, args.rounds) for name, size in MODELS]
     out = Path(args.out) / environment.device_tag(environment.current())
     out.mkdir(parents=True, exist_ok=True)
