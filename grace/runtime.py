@@ -17,9 +17,11 @@ A partition's life, per set of sizes (one, unless shapes are dynamic):
              memory) then takes turns with the first. In-place inputs that alternate (two KV caches)
              get a recording each; KEEP recordings per set of sizes are kept, the oldest dropped.
 Anything else is handled without a graph, the reason kept in the partition's Stats: capture fails
-(a synchronising op), in-place inputs keep moving (recorded at most MAX_RECORDINGS times), the outputs
-of both twins still held (a caller collecting outputs in a list: that call runs without the graph),
-more distinct shapes than MAX_RECORDINGS.
+(a synchronising op), in-place inputs keep moving (more than MAX_RERECORDS recordings at sizes already
+recorded: the partition gives up its graphs), the outputs of both twins still held (a caller collecting
+outputs in a list: that call runs without the graph), more than MAX_SIZES sets of sizes (Mask R-CNN's
+proposal counts: new ones run without a graph, those recorded keep theirs). The limits are those of
+stock graph trees (inductor.config.triton.cudagraph_unexpected_rerecord_limit), or tighter.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from grace.snapshot import Snapshot
 
 log = logging.getLogger("grace")
 
-MAX_RECORDINGS = 8  # per partition: distinct shapes, in-place addresses and twins, over its life
+MAX_SIZES = 64  # sets of sizes a partition records (dynamic shapes); further ones run without a graph
+MAX_RERECORDS = 32  # recordings at sizes already recorded (in-place inputs moved, twins), over its life
 KEEP = 4  # recordings kept per set of sizes (in-place addresses that alternate, twins)
 TWINS = 2  # recordings per set of sizes and in-place addresses: one may be replayed while the other's outputs are held
 ALIGNMENT = 16  # bytes: Inductor's kernels assume inputs this aligned
@@ -236,6 +239,7 @@ class PartitionGraph:
         self.fn, self.partition, self.stats = fn, partition, stats
         self.selective, self.indirect = selective, indirect  # SCG, PI
         self.recordings: dict[tuple, list[_Recording]] = {}  # by the values of its size arguments, oldest first
+        self.rerecords = 0
         self.scalars: list[int] | None = None
         self.warmed: set[tuple] = set()  # sizes seen once (warm-up): the next call at them records
         self.calls = 0
@@ -257,8 +261,10 @@ class PartitionGraph:
 
     def _record(self, key: tuple, args: list) -> _Recording | str:
         """A new recording, or why there can be none."""
-        if self.stats.recordings >= MAX_RECORDINGS:
-            return f"more than {MAX_RECORDINGS} recordings (shapes, or in-place inputs that keep moving)"
+        if self.recordings[key]:
+            if self.rerecords >= MAX_RERECORDS:
+                return f"more than {MAX_RERECORDS} recordings at sizes already recorded (in-place inputs keep moving)"
+            self.rerecords += 1
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != DEVICE_TYPE for i in tensors):
             return "a partition input is a CPU tensor (a graph would freeze its value): CGCT moves these"
@@ -311,7 +317,11 @@ class PartitionGraph:
         if key not in self.warmed:  # a first call at these sizes runs as compiled: lazy init, autotuning
             self.warmed.add(key)
             return self._eager(args)
-        recordings = self.recordings.setdefault(key, [])
+        recordings = self.recordings.get(key)
+        if recordings is None:
+            if len(self.recordings) >= MAX_SIZES:
+                return self._eager(args, f"more than {MAX_SIZES} sets of sizes: further ones run without a graph")
+            recordings = self.recordings[key] = []
         if recordings and not recordings[0].use_graph:
             return self._eager(args)  # SCG decided for these sizes
         here = [r for r in recordings if adapter.data_ptrs_equal(args, r.ptrs, r.in_place)]

@@ -164,14 +164,33 @@ def test_in_place_inputs_that_alternate_keep_a_recording_each(cpu_graphs):
     assert stats.recordings == 2 and stats.replays == 7 and stats.status == "captured"
 
 
-def test_runtime_gives_up_after_too_many_recordings(cpu_graphs):
+def test_runtime_gives_up_when_in_place_inputs_keep_moving(cpu_graphs):
     part, stats = _part(_partition_fn([]), static={1})
     x = torch.randn(4)
-    for i in range(runtime.MAX_RECORDINGS + 3):
+    for i in range(runtime.MAX_RERECORDS + 4):
         (y,) = part([x, torch.full((4,), float(i))])  # the static input moves every call
         torch.testing.assert_close(y, x * i + 1)
         del y
-    assert stats.status == "eager" and "more than 8 recordings" in stats.reason
+    assert stats.status == "eager" and f"more than {runtime.MAX_RERECORDS} recordings" in stats.reason
+    assert stats.recordings == runtime.MAX_RERECORDS + 1 and not part.recordings  # every graph let go
+
+
+def test_sizes_beyond_the_limit_run_without_a_graph_and_the_others_keep_theirs(cpu_graphs, monkeypatch):
+    monkeypatch.setattr(runtime, "MAX_SIZES", 2)
+
+    def fn(args):
+        n, x = args
+        args.clear()
+        return (x[:n] * 2,)
+
+    part, stats = _part(fn)
+    x = torch.randn(8)
+    for n in (2, 2, 4, 4, 6, 6, 2, 4, 6):
+        (y,) = part([n, x])
+        torch.testing.assert_close(y, x[:n] * 2)
+        del y
+    assert stats.recordings == 2 and stats.replays == 4 and stats.status == "captured"
+    assert "more than 2 sets of sizes" in stats.reason
 
 
 def test_runtime_keeps_replaying_a_training_forward_and_matches_eager(cpu_graphs):
