@@ -9,9 +9,11 @@ The decision is made once per recording, right after it, in two steps:
 1. predict() from what is known without timing: kernels in the graph, the host's launch cost and a bare
    replay's cost (measured once per process, grace.calibrate), bytes the replay would copy and the copy
    bandwidth. Where one side wins by more than CLEAR, that is the decision.
-2. Otherwise measure(): time both candidates on the call's own inputs. Inputs the partition mutates are
-   snapshotted and restored after each candidate, the RNG state too, so that the caller's results are
-   those of exactly one execution (the chosen candidate's, run after the measurement).
+2. Otherwise measure(): time both candidates on the call's own inputs, ROUNDS times in turn (the order
+   rotating), and keep each one's fastest round: right after a capture the host is cold, and on a shared
+   host one round can be slowed by others. Inputs the partition mutates are snapshotted and restored
+   after each timing, the RNG state too, so that the caller's results are those of exactly one execution
+   (the chosen candidate's, run after the measurement).
 Each decision keeps its inputs, the prediction, the times measured and whether they agreed.
 """
 
@@ -23,6 +25,7 @@ from typing import Callable
 from grace.snapshot import Snapshot
 
 CLEAR = 0.3  # predicted relative margin beyond which no timing is done
+ROUNDS = 3  # timings of each candidate, in turn; the fastest counts
 CANDIDATES = ("graph", "eager")
 
 
@@ -46,7 +49,8 @@ PATCH_US = 2.0  # host cost of re-pointing one kernel node: the target (DESIGN.m
 class Decision:
     choice: str  # graph | eager
     predicted_us: dict[str, float]  # per candidate, per call
-    measured_us: dict[str, float] | None = None  # per candidate, when the prediction was not clear
+    measured_us: dict[str, float] | None = None  # per candidate (its fastest round), when the prediction was not clear
+    rounds_us: dict[str, list[float]] | None = None  # per candidate, every round
     costs: Costs | None = None
 
     @property
@@ -62,7 +66,7 @@ class Decision:
 
     def as_dict(self) -> dict:
         return {"choice": self.choice, "predicted_us": self.predicted_us, "measured_us": self.measured_us,
-                "agreed": self.agreed, "costs": dataclasses.asdict(self.costs) if self.costs else None}
+                "rounds_us": self.rounds_us, "agreed": self.agreed, "costs": dataclasses.asdict(self.costs) if self.costs else None}
 
 
 def predict(c: Costs) -> dict[str, float]:
@@ -85,12 +89,15 @@ def clear(predicted: dict[str, float]) -> str | None:
 Timer = Callable[[str, Callable[[], object]], float]  # (candidate, run once) -> us per call
 
 
-def measure(runs: dict[str, Callable[[], object]], timer: Timer, restore: Callable[[], None]) -> dict[str, float]:
-    """Time each candidate with `timer`, restoring the state the partition mutates after each."""
-    times = {}
-    for name, run in runs.items():
-        times[name] = timer(name, run)
-        restore()
+def measure(runs: dict[str, Callable[[], object]], timer: Timer, restore: Callable[[], None]) -> dict[str, list[float]]:
+    """Time each candidate with `timer` ROUNDS times, in turn, restoring the state the partition mutates
+    after each timing: every round's time per candidate."""
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(ROUNDS):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(timer(name, runs[name]))
+            restore()
     return times
 
 
@@ -99,6 +106,7 @@ def decide(costs: Costs | None, runs: dict[str, Callable[[], object]], timer: Ti
     predicted = predict(costs) if costs is not None else {}
     choice = clear(predicted) if predicted else None
     if choice is not None:
-        return Decision(choice, predicted, None, costs)
-    measured = measure(runs, timer, snapshot.restore)
-    return Decision(min(measured, key=measured.get), predicted, measured, costs)
+        return Decision(choice, predicted, None, None, costs)
+    rounds = measure(runs, timer, snapshot.restore)
+    fastest = {name: min(times) for name, times in rounds.items()}
+    return Decision(min(fastest, key=fastest.get), predicted, fastest, rounds, costs)

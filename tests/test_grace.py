@@ -353,10 +353,12 @@ def test_cost_model_is_clear_where_one_side_wins_by_far_and_measures_otherwise()
 
 def test_decision_measures_when_unclear_and_says_whether_the_model_agreed():
     timed = []
-    fake = {"graph": 30.0, "eager": 10.0}
+    fake = {"graph": iter([90.0, 30.0, 35.0]), "eager": iter([10.0, 50.0, 12.0])}  # a cold first graph round
     d = scg.decide(_costs(2), {"graph": lambda: None, "eager": lambda: None},
-                   lambda name, run: timed.append(name) or fake[name], Snapshot([]))
-    assert d.choice == "eager" and d.measured_us == fake and timed == ["graph", "eager"]
+                   lambda name, run: timed.append(name) or next(fake[name]), Snapshot([]))
+    assert timed == ["graph", "eager", "eager", "graph", "graph", "eager"]  # in turn, the order rotating
+    assert d.choice == "eager" and d.measured_us == {"graph": 30.0, "eager": 10.0}
+    assert d.rounds_us == {"graph": [90.0, 30.0, 35.0], "eager": [10.0, 50.0, 12.0]}
     assert d.predicted_choice == "graph" and d.agreed is False
     clear = scg.decide(_costs(50), {}, None, Snapshot([]))
     assert clear.choice == "graph" and clear.measured_us is None and clear.agreed is None
@@ -382,7 +384,7 @@ def test_scg_measures_safely_and_the_caller_sees_one_execution(cpu_graphs, monke
     x, w = torch.randn(4), torch.zeros(4)
     torch.manual_seed(0)
     part([x, w])  # warm-up: w = 1
-    (y,) = part([x, w])  # recorded, decided (timing ran the partition 4 more times), then run once: w = 2
+    (y,) = part([x, w])  # recorded, decided (timing ran the partition 12 more times), then run once: w = 2
     torch.manual_seed(0)
     torch.rand(4)
     expected = x * 2 + torch.rand(4)  # exactly one more execution's draw
