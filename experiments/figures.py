@@ -221,15 +221,18 @@ def json_lines(path: Path) -> list[dict]:
 
 def pi_microbench_figure(sizes: Path, out: Path) -> Path:
     """paper_figures/pi_microbench.{png,pdf,csv} from scripts/pi_microbench.py's JSON lines: time
-    per call against input size for the copy path, PI and a bare replay, and where PI starts to win."""
+    per call against input size for the copy path, PI and a bare replay, and where PI starts to win; where
+    recorded, PI's cost split (the runtime's path with inputs in place, the node updates alone), dashed."""
     rows = json_lines(sizes)
     table = pd.DataFrame({r["bytes_per_input"]: r["median_us_per_call"] for r in rows}).T.sort_index()
+    labels = {"copy": "copy into placeholder (stock)", "pi": "PI (re-point kernels)", "bare": "bare replay",
+              "static": "runtime, inputs in place", "patch": "PI's node updates alone"}
     sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for way, color in zip(("copy", "pi", "bare"), sns.color_palette("colorblind", 3)):
-        ax.plot(table.index, table[way], marker="o", label={"copy": "copy into placeholder (stock)",
-                                                           "pi": "PI (re-point kernels)",
-                                                           "bare": "bare replay"}[way], color=color)
+    for (way, label), color in zip(labels.items(), sns.color_palette("colorblind", len(labels))):
+        if way in table:
+            ax.plot(table.index, table[way], marker="o", label=label, color=color,
+                    linestyle="--" if way in ("static", "patch") else "-")
     wins = table.index[table["pi"] < table["copy"]]
     if len(wins):
         ax.axvline(wins[0], color="grey", linestyle=":", label=f"PI faster from {wins[0]:,} bytes")

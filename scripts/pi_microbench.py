@@ -9,7 +9,9 @@ Inductor), for 2^10 .. 2^24 elements. `copy` and `pi` are GraCE's replay path (a
 the compiled chain, as scripts/replay_overhead.py builds it) with its inputs copied or re-pointed;
 Dynamo's guards and wrappers, the same for both, are left out so that what differs is the input feed.
 Each call passes fresh input tensors (three sets are cycled), so `copy` copies and `pi` re-points every
-call. A round times `calls` back-to-back calls and one synchronization, so a call costs the host's time
+call. Two more ways split PI's cost: `static`, the same partition path with its inputs read in place and
+never moved (the runtime's own bookkeeping), and `patch`, PI's kernel-node updates alone, without a
+replay; what `pi` costs beyond `static` + `patch` is the launch of a just-updated graph. A round times `calls` back-to-back calls and one synchronization, so a call costs the host's time
 or the GPU's, whichever is longer. Writes one JSON line per size, with the partition's PI state (inputs
 re-pointed, bytes still copied); `python scripts/make_figures.py` plots paper_figures/pi_microbench.png.
 """
@@ -42,6 +44,10 @@ def measure(n: int, calls: int, rounds: int) -> dict:
     sets = [tuple(torch.randn(n, device=device) for _ in range(3)) for _ in range(3)]
     compiled = torch.compile(chain)
     ways, parts = {"bare": bare_replay(compiled, sets[0])}, {}
+    static = partition_graph(compiled, 3)  # the runtime's own cost: inputs read in place, never moved
+    for _ in range(3):
+        static(list(sets[0]))
+    ways["static"] = lambda: static(list(sets[0]))
     for way, indirect in {"copy": False, "pi": True}.items():
         part = parts[way] = partition_graph(compiled, 3, static=False, indirect=indirect)
         state = {"i": 0}
@@ -53,9 +59,19 @@ def measure(n: int, calls: int, rounds: int) -> dict:
         for _ in range(4):
             call()
         ways[way] = call
+    (recording,) = parts["pi"].recordings[()]
+    if recording.indirection is not None:  # PI's driver updates alone, no replay
+        targets = [{i: s[i].data_ptr() for i in recording.indirection.inputs} for s in sets]
+        state = {"i": 0}
+
+        def patch(s=state):
+            s["i"] += 1
+            recording.indirection.point(targets[s["i"] % 3])
+
+        ways["patch"] = patch
     per_round = {way: [] for way in ways}
     for r in range(rounds):
-        for way in list(ways)[r % 3:] + list(ways)[:r % 3]:
+        for way in list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]:
             per_round[way].append(per_call_us(ways[way], calls, device))
     expected = chain(*sets[1])
     for way, part in parts.items():
