@@ -104,6 +104,11 @@ timer = cuda_timer  # what SCG times candidates with; tests put a fake here
 DEVICE_TYPE = "cuda"  # where partition inputs must live to be captured
 
 
+def _current_device() -> torch.device:
+    """Where a partition without tensor inputs (it only creates tensors, from sizes) runs."""
+    return torch.device("cuda", torch.cuda.current_device()) if DEVICE_TYPE == "cuda" else torch.device(DEVICE_TYPE)
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equal, NaN equal to NaN (a workload may compute NaNs from random inputs)."""
     if torch.equal(a, b):
@@ -297,7 +302,7 @@ class PartitionGraph:
 
     def _select(self, recording: _Recording, args: list) -> None:
         """SCG: graph or no graph for this recording, decided on this call's inputs (grace.scg)."""
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or _current_device()
         runs = {"graph": lambda: recording.replay(list(args)), "eager": lambda: self.fn(list(args))}
         snapshot = Snapshot([args[i] for i in sorted(self.partition.mutated)])
         decision = scg.decide(self._costs(recording, device), runs, timer, snapshot)

@@ -398,6 +398,23 @@ def test_scg_measures_safely_and_the_caller_sees_one_execution(cpu_graphs, monke
     assert (stats.replays, stats.eager_calls) == ((0, 2) if faster == "eager" else (2, 0))
 
 
+def test_scg_decides_for_a_partition_without_tensor_inputs(cpu_graphs, monkeypatch):
+    """A partition that only creates tensors from a size (seen in training graphs: BSCG, STCLM) has no
+    input to tell its device; SCG once failed on it with StopIteration."""
+    def fake_timer(name, run):
+        run()
+        return 1.0 if name == "graph" else 2.0
+
+    monkeypatch.setattr(runtime, "timer", fake_timer)
+    part, stats = _part(lambda args: (torch.arange(args[0]) * 2.0,))
+    part.selective = True
+    for _ in range(3):
+        (y,) = part([5])
+        torch.testing.assert_close(y, torch.arange(5) * 2.0)
+        del y
+    assert stats.scg["choice"] == "graph" and stats.status == "captured" and stats.replays == 2
+
+
 # --- PI: finding and rewriting the parameter words that point into placeholders ----------------------
 
 import ctypes  # noqa: E402
