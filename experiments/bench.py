@@ -6,6 +6,7 @@ alternates between them round by round.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -103,7 +104,10 @@ class Bench:
         eager.calls = ref.calls = self.task.calls  # the same input set as the checked step
         numerics = check(self.task.observe(self.fn), eager.observe(eager.model), ref.observe(ref.model),
                          self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
-        del eager, ref
+        del eager, ref, twins
+        if self.device.type == "cuda":  # the twins' memory back to the GPU, for the variants set up beside
+            gc.collect()
+            torch.cuda.empty_cache()
         return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
 
     def time_round(self, iters: int, launches: int) -> Round:

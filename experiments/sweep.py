@@ -60,6 +60,10 @@ def _entries(workload_cfg: Mapping[str, Any], size: str | None) -> list[Entry]:
     return entries
 
 
+def _out_of_memory(error: str) -> bool:
+    return any(s in error for s in ("OutOfMemoryError", "out of memory", "ALLOC_FAILED"))
+
+
 def _shard(entries: list[Entry], shard: str | None) -> list[Entry]:
     if shard is None:
         return entries
@@ -172,9 +176,13 @@ class Sweep:
 
     def _set_up(self, entry: Entry, run: int, variants: list[Variant], workers: dict) -> None:
         """Start a worker per variant and set it up, adding those that succeed to `workers`: one after
-        another, so that compile latencies do not overlap, or all at once (measure.parallel_setup)."""
+        another, so that compile latencies do not overlap, or all at once (measure.parallel_setup). A
+        variant that ran out of GPU memory while others set up beside it (training workloads with their
+        float64 reference: eight at once exceed an H200) is set up again on its own afterwards."""
         m = self.measure
-        for group in [variants] if m.parallel_setup else [[v] for v in variants]:
+        groups = [variants] if m.parallel_setup else [[v] for v in variants]
+        while groups:
+            group = groups.pop(0)
             started = [(v, Worker(self._spec(entry, v), m.timeout_s)) for v in group]
             for _, worker in started:
                 worker.request("setup")
@@ -183,7 +191,12 @@ class Sweep:
                     workers[v.name] = (v, worker, worker.reply())
                 except WorkerError as e:
                     worker.close()
-                    self._unmeasured(entry, run, v, "failed", str(e))
+                    if len(group) > 1 and _out_of_memory(str(e)):
+                        log.info("%s / %s: out of memory beside %d others: set up again alone (%s)",
+                                 entry.name, v.name, len(group) - 1, e)
+                        groups.append([v])
+                    else:
+                        self._unmeasured(entry, run, v, "failed", str(e))
 
     def _time_rounds(self, entry: Entry, run: int, workers: dict) -> dict[str, list[Round]]:
         """Interleaved rounds; a worker that fails is recorded, closed and dropped from `workers`."""

@@ -7,7 +7,9 @@ import torch
 
 from experiments import stats
 from experiments.records import RecordStore
+from experiments import sweep as sweep_module
 from experiments.sweep import ConfigError, Sweep
+from experiments.worker import WorkerError
 from tests.conftest import CONF
 
 CUDA = torch.cuda.is_available()
@@ -121,6 +123,35 @@ def test_parallel_setup_measures_the_same_variants(make_cfg):
     assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok"}
     assert recs["eager"].measure["parallel_setup"] is True
     assert recs["eager"].round_ratios == stats.round_ratios(recs["eager"].iter_ms, recs["inductor"].iter_ms)
+
+
+@pytest.mark.parametrize("error, retried", [("setup: OutOfMemoryError: CUDA out of memory. Tried to allocate 250 MiB", True),
+                                            ("setup: ValueError: no such layer", False)])
+def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, monkeypatch, error, retried):
+    setups = []
+
+    class Crowded(sweep_module.Worker):  # the first setup of `eager` fails, as beside seven others on a GPU
+        def __init__(self, spec, timeout_s):
+            super().__init__(spec, timeout_s)
+            self.variant = spec.variant.name
+
+        def reply(self):
+            value = super().reply()
+            if self._method == "setup":
+                setups.append(self.variant)
+                if self.variant == "eager" and setups.count("eager") == 1:
+                    raise WorkerError(error)
+            return value
+
+    monkeypatch.setattr(sweep_module, "Worker", Crowded)
+    recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
+                              "measure.parallel_setup=true").store)
+    if retried:
+        assert setups == ["eager", "inductor", "eager"]
+        assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok"}
+    else:  # any other failure is recorded at once
+        assert setups == ["eager", "inductor"]
+        assert (recs["eager"].status, recs["eager"].reason) == ("failed", error)
 
 
 def test_an_interrupted_workload_is_recorded_as_such_and_measured_on_resume(make_cfg, monkeypatch):
