@@ -16,8 +16,10 @@ node).
 
 Where PI cannot vouch for a placeholder it keeps copying it: a memcpy or memset node touches it (their
 parameters are not patched here), or no kernel parameter was found to point into it. Each recording is
-checked once: the graph replayed on copies and the graph replayed on the live inputs must give the same
-outputs, or PI is off for that recording, with the reason.
+checked once: the graph replayed on the live inputs, its placeholders overwritten, must give the outputs
+of the graph replayed on copies, bitwise, or within JITTER_FACTOR (grace.runtime) times the difference
+between two replays on the same copies where the graph is not deterministic (atomic adds in training's
+backward kernels); otherwise PI is off for that recording, with the reason.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The grace backend on the CPU: registration, options, fallback with reasons, explain, and CGCT's
 passes on FX graphs (the GPU side is in test_grace_cuda.py)."""
 
+import math
 import operator
 import subprocess
 import sys
@@ -116,6 +117,33 @@ def test_runtime_records_then_replays_copying_only_non_static_inputs(cpu_graphs)
         del y
     assert stats.status == "captured" and stats.recordings == 1 and stats.replays == 4 and stats.eager_calls == 0
     assert (stats.in_place_inputs, stats.copied_inputs, stats.copy_bytes_per_replay) == (1, 1, 16)
+
+
+def test_runtime_copies_an_expanded_input_into_an_expanded_placeholder(cpu_graphs):
+    """Training graphs take expanded inputs (stride 0: the gradient of a sum, say); the copy fills the
+    one element along the expanded dims, as graph trees do. An input that is no longer expanded at the
+    same dims runs that call without the graph."""
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.full((4, 3), 2.0)
+    for i in range(4):
+        x = torch.randn(1, 3).expand(4, 3)
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.status == "captured" and stats.replays == 3 and stats.copy_bytes_per_replay == 3 * 4
+    x = torch.randn(4, 3)  # the same shape, every element its own
+    (y,) = part([x, w])
+    torch.testing.assert_close(y, x * w + 1)
+    assert stats.eager_calls == 1 and stats.reason == "an input expanded when recorded is not expanded now"
+
+
+def test_difference_is_zero_only_for_bitwise_equal_and_infinite_for_other_structure():
+    a = torch.tensor([1.0, float("nan"), 3.0])
+    assert runtime._difference(a, a.clone()) == 0.0
+    assert runtime._difference(a + torch.tensor([0.0, 0.0, 0.5]), a) == 0.5
+    assert runtime._difference(torch.tensor([1.0, 2.0, 3.0]), a) == math.inf  # a NaN where there was none
+    assert runtime._difference(torch.tensor([1, 2]), torch.tensor([1, 3])) == math.inf
+    assert runtime._difference(torch.zeros(2), torch.zeros(3)) == math.inf
 
 
 def test_runtime_records_again_when_a_static_input_moves(cpu_graphs):
