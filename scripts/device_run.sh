@@ -6,9 +6,11 @@
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
-#   CUDA_VISIBLE_DEVICES=1 OUT=$OUT/b TESTS=0 ... shard=1/2 & CUDA_VISIBLE_DEVICES=0 ... shard=0/2; wait
+#   CUDA_VISIBLE_DEVICES=1 CPUS=16-31 OUT=$OUT/b TESTS=0 ... shard=1/2 &
+#   CUDA_VISIBLE_DEVICES=0 CPUS=0-15 ... shard=0/2; wait
 #     (two GPUs: both shards append to the one records file, each record under a lock; the copy in $OUT
-#     made by the shard that ends last holds both)
+#     made by the shard that ends last holds both. CPUS pins a shard, its workers and their compile
+#     processes to those cores, so that one side's compiling does not steal the other's timing cores)
 #
 # The experiment is stopped (SIGINT) LIMIT seconds (default 570) after the script started, so that the
 # records of every finished workload still come back from a call limited to 600 s.
@@ -17,6 +19,7 @@
 # machine's .git is the session's first snapshot: pass the commit you sent as GRACE_GIT_COMMIT.
 set -uo pipefail
 experiment=$1 budget=$2
+pin=${CPUS:+taskset -c $CPUS}
 shift 2
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -24,16 +27,16 @@ export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python3 -c "import hydra" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
 if [ "${TESTS:-1}" = 1 ]; then
-  python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
+  $pin python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
   tail -3 "$out/cuda_tests.log"
 fi
 if [ "${BENCH:-0}" = 1 ]; then
-  python3 scripts/replay_overhead.py 2>&1 | tail -4
-  python3 scripts/pi_microbench.py 2>&1 | tail -9
+  $pin python3 scripts/replay_overhead.py 2>&1 | tail -4
+  $pin python3 scripts/pi_microbench.py 2>&1 | tail -9
   cp results/replay_overhead/*/replay.jsonl results/pi_microbench/*/sizes.jsonl "$out/" 2>/dev/null
 fi
 timeout -s INT -k 10 $(( ${LIMIT:-570} - SECONDS )) \
-  python3 run.py experiment="$experiment" budget_s="$budget" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
+  $pin python3 run.py experiment="$experiment" budget_s="$budget" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
 tail -5 "$out/$experiment.log"
 cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
 ls "$out"
