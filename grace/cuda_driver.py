@@ -10,6 +10,10 @@ try:
 except ImportError:  # CPU-only installs
     driver = None
 
+# Keys of cuLaunchKernel's `extra` array (cuda.h): a kernel launched with one packed parameter buffer
+_END, _BUFFER_POINTER, _BUFFER_SIZE = 0, 1, 2
+_WORD = ctypes.sizeof(ctypes.c_void_p)
+
 _KINDS = {"CU_GRAPH_NODE_TYPE_KERNEL": "kernel", "CU_GRAPH_NODE_TYPE_MEMCPY": "memcpy",
           "CU_GRAPH_NODE_TYPE_MEMSET": "memset"}
 
@@ -49,18 +53,50 @@ def _param_sizes(params) -> list[int]:
         sizes.append(size)
 
 
+def extra_buffer(extra: int) -> bytes:
+    """The packed parameter buffer that an `extra` array names (CU_LAUNCH_PARAM_BUFFER_POINTER and
+    _SIZE, up to CU_LAUNCH_PARAM_END); empty if it names none."""
+    buffer = size = None
+    for i in range(0, 8 * _WORD, 2 * _WORD):  # a few key/value pairs at most
+        key = ctypes.c_void_p.from_address(extra + i).value or _END
+        if key == _END:
+            break
+        value = ctypes.c_void_p.from_address(extra + i + _WORD).value
+        if key == _BUFFER_POINTER:
+            buffer = value
+        elif key == _BUFFER_SIZE:
+            size = ctypes.c_size_t.from_address(value).value
+    return ctypes.string_at(buffer, size) if buffer and size else b""
+
+
 def kernel_params(node) -> tuple[object, list[bytes]]:
     """A kernel node's parameter struct and the bytes of each of its parameters. A node launched with
-    `extra` (one packed buffer) rather than kernelParams is reported with no parameters."""
+    `extra` (one packed buffer, as some library kernels are) has that buffer as its one parameter."""
     params = _check(driver.cuGraphKernelNodeGetParams(node))
     array = int(params.kernelParams or 0)
     if not array:
-        return params, []
+        extra = int(params.extra or 0)
+        return params, [extra_buffer(extra)] if extra else []
     values = []
     for i, size in enumerate(_param_sizes(params)):
         address = ctypes.c_void_p.from_address(array + i * ctypes.sizeof(ctypes.c_void_p)).value
         values.append(ctypes.string_at(address, size))
     return params, values
+
+
+def point_params(params, buffers: list) -> list:
+    """Make `params` hand the kernel these ctypes buffers, the way it was launched (one pointer per
+    parameter, or one packed buffer through `extra`); returns what must live as long as `params`."""
+    if int(params.kernelParams or 0) or not int(getattr(params, "extra", 0) or 0):
+        array = (ctypes.c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
+        params.kernelParams = ctypes.addressof(array)
+        return [array]
+    (buffer,) = buffers
+    size = ctypes.c_size_t(ctypes.sizeof(buffer))
+    extra = (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(buffer), _BUFFER_SIZE,
+                                  ctypes.addressof(size), _END)
+    params.extra = ctypes.addressof(extra)
+    return [size, extra]
 
 
 def copy_addresses(node, kind: str) -> list[int]:

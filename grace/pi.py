@@ -4,7 +4,8 @@ Stock CUDA graphs bake each kernel's arguments into the graph, so a non-static i
 placeholder before every replay. PI captures as stock does (with placeholders), then finds, in every
 kernel node of the captured graph, the parameter words that point into a placeholder: Triton kernels
 take pointers as plain 8-byte parameters, cuBLAS and cuDNN kernels carry them inside a struct
-parameter. Before a replay, each such word is rewritten to the live input's address (plus the same
+parameter, and a kernel launched with one packed parameter buffer (cuLaunchKernel's `extra`) has them
+in that buffer, which is read and patched the same way. Before a replay, each such word is rewritten to the live input's address (plus the same
 offset) and the node's parameters are set on the executable graph (cuGraphExecKernelNodeSetParams):
 one driver call per node that reads a moved input, none when the input has not moved, and no copy.
 
@@ -61,8 +62,7 @@ class _KernelNode:
     def __init__(self, node, params, values: list[bytes], sites: list[Site]):
         self.node, self.params = node, params
         self.buffers = [ctypes.create_string_buffer(v, len(v)) for v in values]
-        self.array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(b) for b in self.buffers])
-        params.kernelParams = ctypes.addressof(self.array)
+        self.keepalive = cuda_driver.point_params(params, self.buffers)
         self.keep(sites)
 
     def keep(self, sites: list[Site]) -> None:

@@ -490,6 +490,26 @@ def test_pi_points_only_nodes_that_read_a_moved_input_and_never_a_memcpy_input(m
     assert ind.point({0: 0x5000}) == 0 and len(updates) == 2
 
 
+def test_a_kernel_launched_with_one_packed_buffer_is_read_and_repointed():
+    """cuLaunchKernel's `extra`: {BUFFER_POINTER, buffer, BUFFER_SIZE, &size, END}."""
+    from grace import cuda_driver
+
+    packed = ctypes.create_string_buffer(_words(7, 0x2000), 16)
+    size = ctypes.c_size_t(16)
+    launched = (ctypes.c_void_p * 5)(1, ctypes.addressof(packed), 2, ctypes.addressof(size), 0)
+    assert cuda_driver.extra_buffer(ctypes.addressof(launched)) == _words(7, 0x2000)
+
+    class Packed:
+        kernelParams = 0
+        extra = ctypes.addressof(launched)
+
+    params = Packed()
+    mine = ctypes.create_string_buffer(_words(7, 0x5000), 16)
+    keep = cuda_driver.point_params(params, [mine])
+    assert params.kernelParams == 0 and params.extra != ctypes.addressof(launched) and keep
+    assert cuda_driver.extra_buffer(params.extra) == _words(7, 0x5000)
+
+
 def test_a_recording_that_is_gone_leaves_no_address_behind(cpu_graphs):
     part, _ = _part(_partition_fn([]), static={1})
     w = torch.ones(4)

@@ -157,12 +157,14 @@ def matmul_relu(x, w):
     return torch.relu(x @ w) * 2  # a cuBLAS kernel (pointers inside a struct) and a Triton kernel
 
 
+@pytest.mark.parametrize("m, k, n, dtype", [(64, 128, 32, torch.float32),
+                                             (8192, 4096, 512, torch.bfloat16)])  # DR-I's first layer's kind
 @torch.no_grad()
-def test_pi_reads_inputs_in_place_for_library_and_triton_kernels():
+def test_pi_reads_inputs_in_place_for_library_and_triton_kernels(m, k, n, dtype):
     torch.compiler.reset()
     compiled = torch.compile(matmul_relu, backend="grace", options={"pi": True, "cgct": False})
     for _ in range(5):  # new tensors every call: each replay re-points the graph, copies nothing
-        x, w = torch.randn(64, 128, device="cuda"), torch.randn(128, 32, device="cuda")
+        x, w = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
         torch.testing.assert_close(compiled(x, w), matmul_relu(x, w))
     (stats,) = grace.REPORTS[-1].partitions
     assert stats.status == "captured" and stats.pi_inputs == 2, (stats, stats.pi_reasons)
