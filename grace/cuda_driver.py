@@ -69,6 +69,13 @@ def extra_buffer(extra: int) -> bytes:
     return ctypes.string_at(buffer, size) if buffer and size else b""
 
 
+def kernel_name(params) -> str:
+    """The kernel's name (mangled), from its function or, for library kernels, its kernel handle."""
+    if int(params.func):
+        return _check(driver.cuFuncGetName(params.func)).decode()
+    return _check(driver.cuKernelGetName(params.kern)).decode()
+
+
 def kernel_params(node) -> tuple[object, list[bytes]]:
     """A kernel node's parameter struct and the bytes of each of its parameters. A node launched with
     `extra` (one packed buffer, as some library kernels are) has that buffer as its one parameter."""

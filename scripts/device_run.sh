@@ -2,7 +2,7 @@
 # One call on the GPU machine: the CUDA tests, the host-cost benchmarks if asked, then an experiment that
 # stops starting workloads after a time budget (rerun to resume). Everything to commit lands in $OUT
 # (at most 8 files come back): cuda_tests.log, <experiment>.log, <experiment>_records.jsonl, and with
-# BENCH=1 replay.jsonl and sizes.jsonl.
+# BENCH=1 replay.jsonl, sizes.jsonl and pi_nodes.txt.
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
@@ -33,6 +33,7 @@ fi
 if [ "${BENCH:-0}" = 1 ]; then
   $pin python3 scripts/replay_overhead.py 2>&1 | tail -4
   $pin python3 scripts/pi_microbench.py 2>&1 | tail -9
+  $pin python3 scripts/pi_nodes.py > "$out/pi_nodes.txt" 2>&1
   cp results/replay_overhead/*/replay.jsonl results/pi_microbench/*/sizes.jsonl "$out/" 2>/dev/null
 fi
 timeout -s INT -k 10 $(( ${LIMIT:-570} - SECONDS )) \
