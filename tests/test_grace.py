@@ -203,15 +203,17 @@ def test_runtime_gives_up_when_in_place_inputs_keep_moving(cpu_graphs):
     assert stats.recordings == runtime.MAX_RERECORDS + 1 and not part.recordings  # every graph let go
 
 
+def _first_n_doubled(args):
+    """A partition with dynamic shapes takes the sizes as ints too."""
+    n, x = args
+    args.clear()
+    return (x[:n] * 2,)
+
+
 def test_sizes_beyond_the_limit_run_without_a_graph_and_the_others_keep_theirs(cpu_graphs, monkeypatch):
     monkeypatch.setattr(runtime, "MAX_SIZES", 2)
 
-    def fn(args):
-        n, x = args
-        args.clear()
-        return (x[:n] * 2,)
-
-    part, stats = _part(fn)
+    part, stats = _part(_first_n_doubled)
     x = torch.randn(8)
     for n in (2, 2, 4, 4, 6, 6, 2, 4, 6):
         (y,) = part([n, x])
@@ -528,12 +530,7 @@ def test_a_recording_that_is_gone_leaves_no_address_behind(cpu_graphs):
 def test_runtime_keeps_one_recording_per_symbolic_size(cpu_graphs):
     """With dynamic shapes a partition also takes the sizes as ints: one recording per distinct size."""
 
-    def fn(args):
-        n, x = args
-        args.clear()
-        return (x[:n] * 2,)
-
-    part, stats = _part(fn)
+    part, stats = _part(_first_n_doubled)
     x = torch.randn(8)
     for n in (2, 4, 2, 6, 4, 2, 6):  # a size's first call warms up (autotuning), its second records
         (y,) = part([n, x])
