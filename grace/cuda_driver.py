@@ -106,6 +106,19 @@ def point_params(params, buffers: list) -> list:
     return [size, extra]
 
 
+def tensor_map_bits(address: int, moved_to: int) -> int:
+    """The 1024 bits (little-endian) of a tiled tensor map (TMA descriptor) of a 256 x 256 byte matrix
+    encoded at `address`, then moved to `moved_to` by cuTensorMapReplaceAddress."""
+    d = driver
+    tensor_map = _check(d.cuTensorMapEncodeTiled(
+        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address, [256, 256], [256], [16, 16], [1, 1],
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+    _check(d.cuTensorMapReplaceAddress(tensor_map, moved_to))
+    return sum(int(w) << (64 * i) for i, w in enumerate(tensor_map.opaque))
+
+
 def copy_addresses(node, kind: str) -> list[int]:
     """Device addresses a memcpy (source and destination) or memset (destination) node touches."""
     if kind == "memcpy":

@@ -492,6 +492,47 @@ def test_pi_points_only_nodes_that_read_a_moved_input_and_never_a_memcpy_input(m
     assert ind.point({0: 0x5000}) == 0 and len(updates) == 2
 
 
+def _descriptor(address: int, shift: int = 16) -> int:
+    """A stand-in TMA descriptor: other fields around the address, which sits at bit 4 + shift - 4."""
+    return (0xABC << 900) | ((address >> 4) << (shift + 4)) | 0x5
+
+
+def test_the_tensor_map_codec_is_learned_from_how_the_descriptor_moves():
+    address = 0x7F00_1234_5600
+    codec = pi.learn_codec(_descriptor, address)
+    assert codec == pi.TensorMapCodec(16)
+    bits = _descriptor(address)
+    assert codec.decode(bits) == address
+    assert codec.encode(bits, 0x7F00_0000_0010) == _descriptor(0x7F00_0000_0010)  # other fields kept
+    assert pi.learn_codec(lambda a: a >> 4, address) == pi.TensorMapCodec(-4)
+    assert pi.learn_codec(lambda a: a | a << 200, address) is None  # kept twice: not one field
+    assert pi.learn_codec(lambda a: 7, address) is None  # does not follow the address
+
+
+def test_pi_patches_a_tma_descriptor_inside_a_struct_parameter(monkeypatch):
+    base = 0x7F00_0000_1000
+    ranges = {0: (base, 4096)}
+    struct = _words(3, 5) + bytes(48) + _descriptor(base + 256).to_bytes(128, "little") + _words(9)
+    kernels = {"gemm": [struct], "elementwise": [_words(base)]}
+    updates = {}
+
+    def set_kernel_params(exec_, node, params):
+        array = (ctypes.c_void_p * 1).from_address(params.kernelParams)
+        updates[node] = ctypes.string_at(array[0], len(kernels[node][0]))
+
+    monkeypatch.setattr(pi, "tensor_map_codec", lambda address: pi.TensorMapCodec(16))
+    monkeypatch.setattr(pi.cuda_driver, "nodes", lambda raw: [(k, "kernel") for k in kernels])
+    monkeypatch.setattr(pi.cuda_driver, "kernel_params", lambda node: (FakeParams(), kernels[node]))
+    monkeypatch.setattr(pi.cuda_driver, "set_kernel_params", set_kernel_params)
+    monkeypatch.setattr(pi.cuda_driver, "exec_handle", lambda raw: raw)
+    ind = pi.Indirection(raw_graph=1, raw_exec=2, ranges=ranges)
+    assert ind.inputs == {0}
+    assert [s for n in ind.nodes for s in n.sites] == [pi.Site(0, 64, 0, 256, tensor_map=True), pi.Site(0, 0, 0, 0)]
+    assert ind.point({0: 0x7F00_0020_0000}) == 2
+    assert updates["gemm"] == _words(3, 5) + bytes(48) + _descriptor(0x7F00_0020_0100).to_bytes(128, "little") + _words(9)
+    assert updates["elementwise"] == _words(0x7F00_0020_0000)
+
+
 def test_a_kernel_launched_with_one_packed_buffer_is_read_and_repointed():
     """cuLaunchKernel's `extra`: {BUFFER_POINTER, buffer, BUFFER_SIZE, &size, END}."""
     from grace import cuda_driver
