@@ -1,7 +1,7 @@
 """Result records: one JSON line per (workload, variant, run), appended atomically.
 
 A record is final when its status is `ok` or `mismatch` (a measurement was made); a rerun skips final
-records unless forced. `failed`, `skipped` and `interrupted` records are kept as history and retried. Readers take the
+records unless forced (all of them, or those made before a date). `failed`, `skipped` and `interrupted` records are kept as history and retried. Readers take the
 latest record per key.
 """
 
@@ -144,5 +144,7 @@ class RecordStore:
         """The newest record per key."""
         return {r.key: r for r in self.load()}
 
-    def final_keys(self) -> set[tuple]:
-        return {k for k, r in self.latest().items() if r.status in FINAL_STATUSES}
+    def final_keys(self, made_before: str | None = None) -> set[tuple]:
+        """Keys measured already; with `made_before` (an ISO date, UTC), only those measured since then."""
+        return {k for k, r in self.latest().items() if r.status in FINAL_STATUSES
+                and not (made_before and r.env.get("date", "") < made_before)}

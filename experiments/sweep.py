@@ -98,7 +98,8 @@ class Sweep:
 
     def run(self) -> Path:
         start = time.monotonic()
-        final = set() if self.cfg.force else self.store.final_keys()
+        force = self.cfg.force
+        final = set() if force is True else self.store.final_keys(made_before=str(force) if force else None)
         for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
             # The first workload always runs, so that every call makes progress.
             if i and self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s:

@@ -56,6 +56,14 @@ def test_latest_wins_and_only_ok_or_mismatch_is_final(tmp_path):
     assert {k[4] for k in store.final_keys()} == {"a", "b", "d"}
 
 
+def test_records_made_before_a_date_are_not_final_when_asked(tmp_path):
+    store = RecordStore(tmp_path / "r.jsonl")
+    store.append(make("a", env={"date": "2026-11-30T07:23:30+00:00"}))
+    store.append(make("b", env={"date": "2026-11-30T09:41:02+00:00"}))
+    assert {k[4] for k in store.final_keys()} == {"a", "b"}
+    assert {k[4] for k in store.final_keys(made_before="2026-11-30T09:30")} == {"b"}
+
+
 def test_a_torn_line_is_skipped_not_fatal(tmp_path):
     path = tmp_path / "r.jsonl"
     store = RecordStore(path)

@@ -68,6 +68,8 @@ def test_resume_skips_final_records_and_retries_the_rest(make_cfg):
     assert {r.status for r in store.latest().values()} == {"ok"}
     _sweep(make_cfg, *overrides, "force=true")  # force measures everything again
     assert len(store.load()) == 6
+    _sweep(make_cfg, *overrides, "force=2000-01-01")  # only what was measured before 2000: nothing
+    assert len(store.load()) == 6
 
 
 def test_shards_split_the_workload_list(make_cfg):
