@@ -37,6 +37,18 @@ def launch_cost_us(device: torch.device, launches: int) -> float:
         return per_call_us(lambda: x.add_(1), launches, device)
 
 
+def device_us(fn: Callable[[], object]) -> float:
+    """GPU time of one call of `fn` (a graph replay: its kernels back to back), between two CUDA events,
+    after one untimed call (a fresh graph's first replay uploads it)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
 @functools.cache
 def launch_us(device: torch.device) -> float:
     """launch_cost_us, once per process and device."""

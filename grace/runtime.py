@@ -337,19 +337,22 @@ class PartitionGraph:
         s.copy_bytes_per_replay = recording.copy_bytes
         return recording
 
-    def _costs(self, recording: _Recording, device: torch.device) -> scg.Costs | None:
+    def _costs(self, recording: _Recording, device: torch.device, replay: Callable[[], object],
+               snapshot: Snapshot) -> scg.Costs | None:
         if recording.nodes is None or device.type != "cuda":
             return None  # nothing to predict from: measure
+        gpu_us = calibrate.device_us(replay)
+        snapshot.restore()
         return scg.Costs(recording.nodes["kernel"], calibrate.launch_us(device), calibrate.replay_us(device),
                          recording.copy_bytes, calibrate.copy_bytes_per_us(device), len(recording.still_copied),
-                         recording.patched_nodes)
+                         recording.patched_nodes, gpu_us)
 
     def _select(self, recording: _Recording, args: list) -> None:
         """SCG: graph or no graph for this recording, decided on this call's inputs (grace.scg)."""
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or _current_device()
         runs = {"graph": lambda: recording.replay(list(args)), "eager": lambda: self.fn(list(args))}
         snapshot = Snapshot([args[i] for i in sorted(self.partition.mutated)])
-        decision = scg.decide(self._costs(recording, device), runs, timer, snapshot)
+        decision = scg.decide(self._costs(recording, device, runs["graph"], snapshot), runs, timer, snapshot)
         recording.use_graph = decision.choice == "graph"
         self.stats.scg = decision.as_dict()
         if not recording.use_graph:

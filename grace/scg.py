@@ -6,9 +6,10 @@ stack of small kernels gains several times; an elementwise chain over large inpu
 copies costing more than the launches they save.
 
 The decision is made once per recording, right after it, in two steps:
-1. predict() from what is known without timing: kernels in the graph, the host's launch cost and a bare
-   replay's cost (measured once per process, grace.calibrate), bytes the replay would copy and the copy
-   bandwidth. Where one side wins by more than CLEAR, that is the decision.
+1. predict() from what is known without timing the candidates against each other: kernels in the graph,
+   the host's launch cost and a bare replay's cost (measured once per process, grace.calibrate), bytes
+   the replay would copy and the copy bandwidth, and the GPU time of the graph's kernels (one replay
+   between CUDA events). Where one side wins by more than CLEAR, that is the decision.
 2. Otherwise measure(): time both candidates on the call's own inputs, ROUNDS times in turn (the order
    rotating), and keep each one's fastest round: right after a capture the host is cold, and on a shared
    host one round can be slowed by others. Inputs the partition mutates are snapshotted and restored
@@ -39,6 +40,7 @@ class Costs:
     copy_bytes_per_us: float  # device copy bandwidth
     copies: int  # tensors copied per replay (one launch for all of them, _foreach_copy_)
     patched_nodes: int = 0  # kernel nodes PI re-points when the inputs move (each a driver call)
+    gpu_us: float = 0.0  # GPU time of the graph's kernels, back to back (0: unknown)
 
 
 PATCH_US = 2.0  # host cost of re-pointing one kernel node: the target (DESIGN.md measured 1.5 us per
@@ -70,13 +72,14 @@ class Decision:
 
 
 def predict(c: Costs) -> dict[str, float]:
-    """Host time per call of each candidate. Without a graph every kernel is a launch; with one, a
-    replay plus the copies (one launch, and the bytes at the device's copy bandwidth, which the host
-    waits for only when the graph's work queues behind them: counted in full, to be safe), plus PI's
-    node updates."""
-    eager = c.kernels * c.launch_us
-    graph = (c.replay_us + (c.launch_us + c.copy_bytes / c.copy_bytes_per_us if c.copies else 0.0)
-             + c.patched_nodes * PATCH_US)
+    """Time per call of each candidate: the host's work or the GPU's, whichever is longer (the host
+    queues launches ahead of the GPU). Without a graph the host launches every kernel; with one it
+    replays, launches the copies (one launch for all) and re-points PI's nodes, and the GPU copies the
+    bytes (at the device's copy bandwidth) before the graph's kernels run."""
+    copy_us = c.copy_bytes / c.copy_bytes_per_us if c.copies else 0.0
+    eager = max(c.kernels * c.launch_us, c.gpu_us)
+    graph = max(c.replay_us + (c.launch_us if c.copies else 0.0) + c.patched_nodes * PATCH_US,
+                c.gpu_us + copy_us)
     return {"graph": graph, "eager": eager}
 
 

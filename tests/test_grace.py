@@ -369,9 +369,9 @@ from grace import scg  # noqa: E402
 from grace.snapshot import Snapshot  # noqa: E402
 
 
-def _costs(kernels, copy_bytes=0, copies=0):
+def _costs(kernels, copy_bytes=0, copies=0, gpu_us=0.0):
     return scg.Costs(kernels=kernels, launch_us=10.0, replay_us=15.0, copy_bytes=copy_bytes,
-                     copy_bytes_per_us=2000.0, copies=copies)
+                     copy_bytes_per_us=2000.0, copies=copies, gpu_us=gpu_us)
 
 
 def test_cost_model_is_clear_where_one_side_wins_by_far_and_measures_otherwise():
@@ -379,6 +379,11 @@ def test_cost_model_is_clear_where_one_side_wins_by_far_and_measures_otherwise()
     assert scg.clear(scg.predict(_costs(1, copy_bytes=12_582_912, copies=3))) == "eager"  # EOS: copies cost more
     assert scg.predict(_costs(2)) == {"graph": 15.0, "eager": 20.0}
     assert scg.clear(scg.predict(_costs(2))) is None  # 25 % apart: too close to call without timing
+    # GPU-bound (DR-I: 11 kernels, 560 us of GPU work): launches hide behind the GPU either way, and a
+    # graph adds its 291 MB input copy to the GPU's time
+    assert scg.predict(_costs(11, gpu_us=560.0)) == {"graph": 560.0, "eager": 560.0}
+    assert scg.predict(_costs(11, copy_bytes=291_110_912, copies=1, gpu_us=560.0)) == pytest.approx(
+        {"graph": 560.0 + 291_110_912 / 2000.0, "eager": 560.0})
 
 
 def test_decision_measures_when_unclear_and_says_whether_the_model_agreed():
