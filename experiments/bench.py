@@ -6,6 +6,7 @@ alternates between them round by round.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from dataclasses import dataclass
@@ -67,9 +68,13 @@ class Setup:
 
 
 class Bench:
-    def __init__(self, spec: Spec, rank: int = 0):
-        """`rank`: this process's rank in a tensor-parallel workload (spec.tp > 1, experiments/tp_bench.py)."""
+    def __init__(self, spec: Spec, rank: int = 0, twins_lock=None):
+        """`rank`: this process's rank in a tensor-parallel workload (spec.tp > 1, experiments/tp_bench.py).
+        `twins_lock`: held while the numerics check's twins (an eager copy and a float64 one) live, so that
+        variants set up side by side take turns with that memory (a float64 training step is the largest
+        allocation of a setup)."""
         self.spec, self.rank = spec, rank
+        self.twins_lock = twins_lock or contextlib.nullcontext()
         self.device = torch.device(spec.device, rank) if spec.device == "cuda" and spec.tp > 1 else torch.device(spec.device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
@@ -99,15 +104,16 @@ class Bench:
             self._step()
         synchronize(self.device)
         t2 = time.perf_counter()
-        # The twins are copied before the checked step, since a train step changes the state.
-        eager, ref = twins or (self.task.twin(), self.task.twin(torch.float64))
-        eager.calls = ref.calls = self.task.calls  # the same input set as the checked step
-        numerics = check(self.task.observe(self.fn), eager.observe(eager.model), ref.observe(ref.model),
-                         self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
-        del eager, ref, twins
-        if self.device.type == "cuda":  # the twins' memory back to the GPU, for the variants set up beside
-            gc.collect()
-            torch.cuda.empty_cache()
+        with self.twins_lock:
+            # The twins are copied before the checked step, since a train step changes the state.
+            eager, ref = twins or (self.task.twin(), self.task.twin(torch.float64))
+            eager.calls = ref.calls = self.task.calls  # the same input set as the checked step
+            numerics = check(self.task.observe(self.fn), eager.observe(eager.model), ref.observe(ref.model),
+                             self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
+            del eager, ref, twins
+            if self.device.type == "cuda":  # the twins' memory back to the GPU, for the variants beside
+                gc.collect()
+                torch.cuda.empty_cache()
         return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
 
     def time_round(self, iters: int, launches: int) -> Round:

@@ -11,6 +11,7 @@ list across machines or calls; `budget_s` stops starting new workloads in time.
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import time
 import uuid
 from collections.abc import Mapping
@@ -95,6 +96,7 @@ class Sweep:
         self.store = RecordStore(records_path(cfg, self.env))
         self._appended: set[str] = set()
         self.session = uuid.uuid4().hex[:12]
+        self.twins_lock = mp.get_context("spawn").Lock()  # numerics twins: one worker at a time (Bench)
 
     def run(self) -> Path:
         start = time.monotonic()
@@ -184,7 +186,7 @@ class Sweep:
         groups = [variants] if m.parallel_setup else [[v] for v in variants]
         while groups:
             group = groups.pop(0)
-            started = [(v, Worker(self._spec(entry, v), m.timeout_s)) for v in group]
+            started = [(v, Worker(self._spec(entry, v), m.timeout_s, self.twins_lock)) for v in group]
             for _, worker in started:
                 worker.request("setup")
             for v, worker in started:

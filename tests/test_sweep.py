@@ -133,8 +133,8 @@ def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, m
     setups = []
 
     class Crowded(sweep_module.Worker):  # the first setup of `eager` fails, as beside seven others on a GPU
-        def __init__(self, spec, timeout_s):
-            super().__init__(spec, timeout_s)
+        def __init__(self, spec, timeout_s, twins_lock):
+            super().__init__(spec, timeout_s, twins_lock)
             self.variant = spec.variant.name
 
         def reply(self):
