@@ -107,6 +107,10 @@ timer = cuda_timer  # what SCG times candidates with; tests put a fake here
 DEVICE_TYPE = "cuda"  # where partition inputs must live to be captured
 
 
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+
+
 def _current_device() -> torch.device:
     """Where a partition without tensor inputs (it only creates tensors, from sizes) runs."""
     return torch.device("cuda", torch.cuda.current_device()) if DEVICE_TYPE == "cuda" else torch.device(DEVICE_TYPE)
@@ -327,12 +331,16 @@ class PartitionGraph:
         try:
             recording = _Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated))
         except Exception as e:  # capture failed (a synchronising op, say): never the user's problem
-            return f"capture failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            return f"capture failed: {_error(e)}"
         s = self.stats
         s.status, s.recordings = "captured", s.recordings + 1
         s.nodes = recording.nodes
         if self.indirect and copied:
-            s.pi_reasons = recording.indirect(args)
+            try:
+                s.pi_reasons = recording.indirect(args)
+            except Exception as e:  # a driver call PI makes failed: without a graph, as stock would fall back
+                recording.drop()
+                return f"PI failed: {_error(e)}"
         s.in_place_inputs, s.copied_inputs, s.pi_inputs = len(in_place), len(copied), len(recording.served)
         s.copy_bytes_per_replay = recording.copy_bytes
         return recording

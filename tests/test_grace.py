@@ -137,6 +137,22 @@ def test_runtime_copies_an_expanded_input_into_an_expanded_placeholder(cpu_graph
     assert stats.eager_calls == 1 and stats.reason == "an input expanded when recorded is not expanded now"
 
 
+def test_a_failing_pi_leaves_the_partition_without_a_graph_and_right(cpu_graphs, monkeypatch):
+    def fails(recording, args):
+        raise RuntimeError("CUDA driver error 1")
+
+    monkeypatch.setattr(runtime._Recording, "indirect", fails)
+    part, stats = _part(_partition_fn([]), static={1})
+    part.indirect = True
+    w = torch.full((4,), 2.0)
+    for _ in range(3):
+        x = torch.randn(4)
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+    assert stats.status == "eager" and stats.reason == "PI failed: RuntimeError: CUDA driver error 1"
+    assert not part.recordings and stats.replays == 0
+
+
 def test_difference_is_zero_only_for_bitwise_equal_and_infinite_for_other_structure():
     a = torch.tensor([1.0, float("nan"), 3.0])
     assert runtime._difference(a, a.clone()) == 0.0
