@@ -186,7 +186,10 @@ class Sweep:
         groups = [variants] if m.parallel_setup else [[v] for v in variants]
         while groups:
             group = groups.pop(0)
-            started = [(v, Worker(self._spec(entry, v), m.timeout_s, self.twins_lock)) for v in group]
+            # Training twins (a float64 model, its gradients and optimizer state) take turns; eval ones
+            # are small enough to overlap, and waiting on them would add to every workload's setup.
+            lock = self.twins_lock if entry.mode == "train" else None
+            started = [(v, Worker(self._spec(entry, v), m.timeout_s, lock)) for v in group]
             for _, worker in started:
                 worker.request("setup")
             for v, worker in started:
