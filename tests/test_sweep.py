@@ -118,11 +118,13 @@ def test_every_experiment_composes_and_names_valid_workloads(make_cfg, experimen
     assert {e.size for e in Sweep(make_cfg(f"experiment={experiment}", "size=tiny")).entries} == {"tiny"}
 
 
-def test_parallel_setup_measures_the_same_variants(make_cfg):
-    sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
-                   "measure.parallel_setup=true")
+@pytest.mark.parametrize("mode", ["eval", "train"])  # train: the workers take turns with their twins
+def test_parallel_setup_measures_the_same_variants(make_cfg, mode):
+    sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", f"workload.mlp.mode={mode}",
+                   "variant=[eager,inductor]", "measure.parallel_setup=true")
     recs = _by_variant(sweep.store)
     assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok"}
+    assert recs["eager"].mode == mode
     assert recs["eager"].measure["parallel_setup"] is True
     assert recs["eager"].round_ratios == stats.round_ratios(recs["eager"].iter_ms, recs["inductor"].iter_ms)
 
