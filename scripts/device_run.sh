@@ -6,11 +6,11 @@
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
-#   CUDA_VISIBLE_DEVICES=1 CPUS=16-31 OUT=$OUT/b TESTS=0 ... shard=1/2 &
-#   CUDA_VISIBLE_DEVICES=0 CPUS=0-15 ... shard=0/2; wait
-#     (two GPUs: both shards append to the one records file, each record under a lock; the copy in $OUT
-#     made by the shard that ends last holds both. CPUS pins a shard, its workers and their compile
-#     processes to those cores, so that one side's compiling does not steal the other's timing cores)
+#   SHARDS=2 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 420 force=2026-11-30T10:30
+#     (two GPUs: one shard of the workloads each, GPU 0 with the tests and benchmarks first; each shard
+#     pinned to half of the cores (CPUS, taskset), so that one side's compiling does not steal the other's
+#     timing cores; both append to the one records file, each record under a lock; shard 1's log comes
+#     back as <experiment>_b.log)
 #
 # The experiment is stopped (SIGINT) LIMIT seconds (default 570) after the script started, so that the
 # records of every finished workload still come back from a call limited to 600 s.
@@ -19,12 +19,24 @@
 # machine's .git is the session's first snapshot: pass the commit you sent as GRACE_GIT_COMMIT.
 set -uo pipefail
 experiment=$1 budget=$2
-pin=${CPUS:+taskset -c $CPUS}
 shift 2
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python3 -c "import hydra" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+if [ "${SHARDS:-1}" = 2 ]; then
+  half=$(( $(nproc) / 2 ))
+  export LIMIT=$(( ${LIMIT:-570} - SECONDS ))
+  CUDA_VISIBLE_DEVICES=1 CPUS=$half-$(( 2 * half - 1 )) SHARDS=1 TESTS=0 BENCH=0 OUT=/tmp/out_b \
+    bash "$0" "$experiment" "$budget" shard=1/2 "$@" > /dev/null 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 CPUS=0-$(( half - 1 )) SHARDS=1 bash "$0" "$experiment" "$budget" shard=0/2 "$@"
+  wait
+  cp /tmp/out_b/"$experiment".log "$out/${experiment}_b.log"
+  tail -3 "$out/${experiment}_b.log"
+  cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
+  exit 0
+fi
+pin=${CPUS:+taskset -c $CPUS}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
 if [ "${TESTS:-1}" = 1 ]; then
   $pin python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
