@@ -153,6 +153,62 @@ def test_a_failing_pi_leaves_the_partition_without_a_graph_and_right(cpu_graphs,
     assert not part.recordings and stats.replays == 0
 
 
+class _Repointable:
+    """A CUDA-graph stand-in that PI can re-point: each replay runs the partition on what `reads` holds
+    (the placeholders, as recorded), adding `noise` to the outputs as atomic adds would."""
+
+    def __init__(self, fn, graph_args, noise):
+        self.fn, self.reads, self.noise = fn, list(graph_args), noise
+        self.outputs = fn([a.clone() for a in graph_args])
+        self.order = torch.Generator().manual_seed(0)  # not the RNG state that SCG and PI put back
+
+    def replay(self):
+        for out, fresh in zip(self.outputs, self.fn(list(self.reads))):
+            out.copy_(fresh + self.noise * torch.randn(fresh.shape, generator=self.order))
+
+    def raw_cuda_graph(self):
+        return 0
+
+    raw_cuda_graph_exec = raw_cuda_graph
+
+
+@pytest.mark.parametrize("noise, repoints, served", [(0.0, True, True),    # deterministic
+                                                     (1e-3, True, True),   # differs from itself a little
+                                                     (1e-3, False, False)])  # a reader still on the placeholder
+def test_pi_check_allows_a_graphs_own_noise_and_catches_a_reader_left_on_the_placeholder(
+        cpu_graphs, monkeypatch, noise, repoints, served):
+    graphs, live = [], {}
+
+    def capture(fn, graph_args):
+        graph = _Repointable(fn, graph_args, noise)
+        graphs.append(graph)
+        return runtime.Captured(graph.replay, graph.outputs, {"kernel": 1}, graph)
+
+    class Indirection:  # serves input 0; point() makes the stand-in read the tensor at that address
+        def __init__(self, raw_graph, raw_exec, ranges):
+            self.inputs, self.reasons, self.nodes = {0}, {}, []
+
+        def point(self, ptrs):
+            if repoints:
+                graphs[-1].reads[0] = live.get(ptrs[0], graphs[-1].reads[0])
+
+    monkeypatch.setattr(runtime, "capture", capture)
+    monkeypatch.setattr(runtime.pi, "Indirection", Indirection)
+    part, stats = _part(_partition_fn([]), static={1})
+    part.indirect = True
+    w = torch.full((4,), 2.0)
+    for _ in range(4):
+        x = torch.randn(4) * 100
+        live[x.data_ptr()] = x
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1, rtol=0, atol=1e-2)
+        del y
+    assert stats.status == "captured" and stats.pi_inputs == (1 if served else 0), stats.pi_reasons
+    assert stats.copy_bytes_per_replay == (0 if served else 16)
+    if not served:
+        assert stats.pi_reasons[-1].startswith("PI: the graph reading inputs in place disagreed with the graph on copies")
+
+
 def test_difference_is_zero_only_for_bitwise_equal_and_infinite_for_other_structure():
     a = torch.tensor([1.0, float("nan"), 3.0])
     assert runtime._difference(a, a.clone()) == 0.0
