@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from grace import backend, profile
+from grace import backend, profile, scg
 
 
 @dataclasses.dataclass
@@ -51,8 +51,7 @@ class Explanation:
         if not decisions:
             return None
         measured = [d for d in decisions if d["measured_us"] is not None]
-        return {"graph": sum(d["choice"] == "graph" for d in decisions),
-                "eager": sum(d["choice"] == "eager" for d in decisions),
+        return {**{c: sum(d["choice"] == c for d in decisions) for c in scg.CANDIDATES},
                 "measured": len(measured), "model_agreed": sum(bool(d["agreed"]) for d in measured),
                 "decisions": decisions}
 

@@ -107,6 +107,10 @@ timer = cuda_timer  # what SCG times candidates with; tests put a fake here
 DEVICE_TYPE = "cuda"  # where partition inputs must live to be captured
 
 
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _error(e: Exception) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
@@ -167,6 +171,7 @@ class _Recording:
         self.baseline = adapter.references(self.tensors, self.storages)
         _OUTPUTS.update({t.data_ptr(): t for t in self.tensors})
         self.use_graph = True  # False once SCG decided that this recording runs faster without its graph
+        self.use_pi = True  # False once SCG decided that copying beats re-pointing (with PI on)
 
     def accepts(self, args: list) -> bool:
         """Whether inputs expanded when recorded are expanded along the same dims now (the copy fills
@@ -196,10 +201,17 @@ class _Recording:
         if dst:
             torch._foreach_copy_(dst, src)
 
+    def set_pi(self, on: bool) -> None:
+        """Replay with PI (served inputs read in place) or with copies into every placeholder."""
+        if self.indirection is not None and self.use_pi and not on:
+            self.indirection.point({i: p.data_ptr() for i, p in zip(self.copied, self.placeholders)
+                                    if i in self.indirection.inputs})  # back to its placeholders
+        self.use_pi = on
+
     @property
     def served(self) -> set[int]:
         """Copied inputs that PI reads in place instead."""
-        return self.indirection.inputs if self.indirection is not None else set()
+        return self.indirection.inputs if self.indirection is not None and self.use_pi else set()
 
     @property
     def still_copied(self) -> list[torch.Tensor]:
@@ -208,7 +220,7 @@ class _Recording:
 
     @property
     def copy_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.still_copied)
+        return _nbytes(self.still_copied)
 
     @property
     def patched_nodes(self) -> int:
@@ -277,7 +289,7 @@ class _Recording:
         return reasons
 
     def replay(self, args: list) -> Any:
-        if self.indirection is not None:
+        if self.indirection is not None and self.use_pi:
             self._point(args)
         elif self.copied:
             self._copy(args)
@@ -347,27 +359,40 @@ class PartitionGraph:
         s.copy_bytes_per_replay = recording.copy_bytes
         return recording
 
-    def _costs(self, recording: _Recording, device: torch.device, replay: Callable[[], object],
-               snapshot: Snapshot) -> scg.Costs | None:
+    def _costs(self, recording: _Recording, device: torch.device, snapshot: Snapshot) -> scg.Costs | None:
         if recording.nodes is None or device.type != "cuda":
             return None  # nothing to predict from: measure
-        gpu_us = calibrate.device_us(replay)
+        gpu_us = calibrate.device_us(recording._replay)  # the graph's kernels alone, on what it reads now
         snapshot.restore()
         return scg.Costs(recording.nodes["kernel"], calibrate.launch_us(device), calibrate.replay_us(device),
-                         recording.copy_bytes, calibrate.copy_bytes_per_us(device), len(recording.still_copied),
-                         recording.patched_nodes, gpu_us)
+                         _nbytes(recording.fills), calibrate.copy_bytes_per_us(device), len(recording.fills),
+                         recording.patched_nodes, gpu_us, recording.copy_bytes, len(recording.still_copied))
 
     def _select(self, recording: _Recording, args: list) -> None:
-        """SCG: graph or no graph for this recording, decided on this call's inputs (grace.scg)."""
+        """SCG: no graph, the graph with copies, or (PI on) the graph reading inputs in place, for this
+        recording, decided on this call's inputs (grace.scg)."""
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or _current_device()
-        runs = {"graph": lambda: recording.replay(list(args)), "eager": lambda: self.fn(list(args))}
+
+        def graph(pi: bool) -> Callable[[], object]:
+            def run():
+                recording.set_pi(pi)
+                return recording.replay(list(args))
+            return run
+
+        runs = {"graph": graph(False), "eager": lambda: self.fn(list(args))}
+        if recording.indirection is not None:
+            runs["graph_pi"] = graph(True)
         snapshot = Snapshot([args[i] for i in sorted(self.partition.mutated)])
-        decision = scg.decide(self._costs(recording, device, runs["graph"], snapshot), runs, timer, snapshot)
-        recording.use_graph = decision.choice == "graph"
-        self.stats.scg = decision.as_dict()
-        if not recording.use_graph:
-            self.stats.status = "declined"
-            self.stats.reason = "SCG: faster without a graph"
+        decision = scg.decide(self._costs(recording, device, snapshot), runs, timer, snapshot)
+        recording.use_graph = decision.choice != "eager"
+        recording.set_pi(decision.choice == "graph_pi")
+        s = self.stats
+        s.scg = decision.as_dict()
+        s.pi_inputs, s.copy_bytes_per_replay = len(recording.served), recording.copy_bytes
+        if decision.choice == "eager":
+            s.status, s.reason = "declined", "SCG: faster without a graph"
+        elif recording.indirection is not None and decision.choice == "graph":
+            s.pi_reasons = s.pi_reasons + ["SCG: faster copying the inputs than re-pointing the graph"]
 
     def __call__(self, args: list) -> Any:
         self.calls += 1
@@ -396,6 +421,8 @@ class PartitionGraph:
                 return self._eager(args, recording, final=True)
             if self.selective and not recordings:  # later recordings at these sizes keep the decision
                 self._select(recording, args)
+            elif recordings:
+                recording.set_pi(recordings[-1].use_pi)
             if len(recordings) >= KEEP:
                 recordings.pop(0).drop()
         else:

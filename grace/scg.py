@@ -1,5 +1,9 @@
 """SCG: selective CUDA graphs. Per recording of a partition, run it as a graph only where that pays.
 
+The candidates: no graph (eager: the compiled partition's kernels launched one by one), the graph with
+its inputs copied into placeholders (graph), and, with PI on, the graph reading them in place (graph_pi:
+no copies, but a driver call per re-pointed node).
+
 A CUDA graph saves the host one launch per kernel, and costs a replay, the copies of non-static inputs
 into placeholders, and the bookkeeping around them. Which wins depends on the partition: a launch-bound
 stack of small kernels gains several times; an elementwise chain over large inputs (EOS) loses, its
@@ -27,7 +31,7 @@ from grace.snapshot import Snapshot
 
 CLEAR = 0.3  # predicted relative margin beyond which no timing is done
 ROUNDS = 3  # timings of each candidate, in turn; the fastest counts
-CANDIDATES = ("graph", "eager")
+CANDIDATES = ("graph", "graph_pi", "eager")  # graph_pi: the graph reading its inputs in place (PI on)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +40,13 @@ class Costs:
     kernels: int  # kernel nodes in the captured graph
     launch_us: float  # host cost of one kernel launch
     replay_us: float  # host cost of one bare graph replay
-    copy_bytes: int  # bytes copied into placeholders per replay
+    copy_bytes: int  # bytes copied into placeholders per replay, without PI
     copy_bytes_per_us: float  # device copy bandwidth
-    copies: int  # tensors copied per replay (one launch for all of them, _foreach_copy_)
-    patched_nodes: int = 0  # kernel nodes PI re-points when the inputs move (each a driver call)
+    copies: int  # tensors copied per replay (one launch for all of them, _foreach_copy_), without PI
+    patched_nodes: int = 0  # kernel nodes PI re-points when the inputs move (each a driver call); 0: no PI
     gpu_us: float = 0.0  # GPU time of the graph's kernels, back to back (0: unknown)
+    pi_copy_bytes: int = 0  # bytes still copied per replay with PI (inputs it cannot serve)
+    pi_copies: int = 0  # tensors still copied per replay with PI
 
 
 PATCH_US = 2.0  # host cost of re-pointing one kernel node: the target (DESIGN.md measured 1.5 us per
@@ -74,19 +80,23 @@ class Decision:
 def predict(c: Costs) -> dict[str, float]:
     """Time per call of each candidate: the host's work or the GPU's, whichever is longer (the host
     queues launches ahead of the GPU). Without a graph the host launches every kernel; with one it
-    replays, launches the copies (one launch for all) and re-points PI's nodes, and the GPU copies the
-    bytes (at the device's copy bandwidth) before the graph's kernels run."""
-    copy_us = c.copy_bytes / c.copy_bytes_per_us if c.copies else 0.0
-    eager = max(c.kernels * c.launch_us, c.gpu_us)
-    graph = max(c.replay_us + (c.launch_us if c.copies else 0.0) + c.patched_nodes * PATCH_US,
-                c.gpu_us + copy_us)
-    return {"graph": graph, "eager": eager}
+    replays, launches the copies (one launch for all) and, with PI, re-points its nodes, and the GPU
+    copies the bytes (at the device's copy bandwidth) before the graph's kernels run."""
+
+    def graph(copy_bytes: int, copies: int, patched: int) -> float:
+        return max(c.replay_us + (c.launch_us if copies else 0.0) + patched * PATCH_US,
+                   c.gpu_us + (copy_bytes / c.copy_bytes_per_us if copies else 0.0))
+
+    predicted = {"graph": graph(c.copy_bytes, c.copies, 0), "eager": max(c.kernels * c.launch_us, c.gpu_us)}
+    if c.patched_nodes:
+        predicted["graph_pi"] = graph(c.pi_copy_bytes, c.pi_copies, c.patched_nodes)
+    return predicted
 
 
 def clear(predicted: dict[str, float]) -> str | None:
-    """The candidate that wins by more than CLEAR of the slower one's time, if one does."""
-    fast, slow = sorted(predicted, key=predicted.get)
-    return fast if predicted[slow] > 0 and 1 - predicted[fast] / predicted[slow] > CLEAR else None
+    """The candidate that beats the next best by more than CLEAR of that one's time, if one does."""
+    fast, second = sorted(predicted, key=predicted.get)[:2]
+    return fast if predicted[second] > 0 and 1 - predicted[fast] / predicted[second] > CLEAR else None
 
 
 Timer = Callable[[str, Callable[[], object]], float]  # (candidate, run once) -> us per call

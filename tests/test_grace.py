@@ -1,6 +1,7 @@
 """The grace backend on the CPU: registration, options, fallback with reasons, explain, and CGCT's
 passes on FX graphs (the GPU side is in test_grace_cuda.py)."""
 
+import dataclasses
 import math
 import operator
 import subprocess
@@ -172,11 +173,11 @@ class _Repointable:
     raw_cuda_graph_exec = raw_cuda_graph
 
 
-@pytest.mark.parametrize("noise, repoints, served", [(0.0, True, True),    # deterministic
-                                                     (1e-3, True, True),   # differs from itself a little
-                                                     (1e-3, False, False)])  # a reader still on the placeholder
-def test_pi_check_allows_a_graphs_own_noise_and_catches_a_reader_left_on_the_placeholder(
-        cpu_graphs, monkeypatch, noise, repoints, served):
+def _repointable_part(monkeypatch, noise=0.0, repoints=True):
+    """A partition (y = x * w + 1, w static) with PI on, captured in _Repointable stand-ins whose PI
+    serves x: point() makes the stand-in read the live tensor at that address (unless `repoints` is
+    off: a reader left on its placeholder). Returns the partition, its stats and live(x), which
+    registers a caller's tensor by address."""
     graphs, live = [], {}
 
     def capture(fn, graph_args):
@@ -184,22 +185,31 @@ def test_pi_check_allows_a_graphs_own_noise_and_catches_a_reader_left_on_the_pla
         graphs.append(graph)
         return runtime.Captured(graph.replay, graph.outputs, {"kernel": 1}, graph)
 
-    class Indirection:  # serves input 0; point() makes the stand-in read the tensor at that address
+    class Indirection:
         def __init__(self, raw_graph, raw_exec, ranges):
-            self.inputs, self.reasons, self.nodes = {0}, {}, []
+            self.graph, self.inputs, self.reasons, self.nodes = graphs[-1], {0}, {}, ["node"]
+            self.placeholder = self.graph.reads[0]
 
         def point(self, ptrs):
             if repoints:
-                graphs[-1].reads[0] = live.get(ptrs[0], graphs[-1].reads[0])
+                self.graph.reads[0] = live.get(ptrs[0], self.placeholder)
 
     monkeypatch.setattr(runtime, "capture", capture)
     monkeypatch.setattr(runtime.pi, "Indirection", Indirection)
     part, stats = _part(_partition_fn([]), static={1})
     part.indirect = True
+    return part, stats, lambda x: live.setdefault(x.data_ptr(), x)
+
+
+@pytest.mark.parametrize("noise, repoints, served", [(0.0, True, True),    # deterministic
+                                                     (1e-3, True, True),   # differs from itself a little
+                                                     (1e-3, False, False)])  # a reader still on the placeholder
+def test_pi_check_allows_a_graphs_own_noise_and_catches_a_reader_left_on_the_placeholder(
+        cpu_graphs, monkeypatch, noise, repoints, served):
+    part, stats, live = _repointable_part(monkeypatch, noise, repoints)
     w = torch.full((4,), 2.0)
     for _ in range(4):
-        x = torch.randn(4) * 100
-        live[x.data_ptr()] = x
+        x = live(torch.randn(4) * 100)
         (y,) = part([x, w])
         torch.testing.assert_close(y, x * w + 1, rtol=0, atol=1e-2)
         del y
@@ -207,6 +217,25 @@ def test_pi_check_allows_a_graphs_own_noise_and_catches_a_reader_left_on_the_pla
     assert stats.copy_bytes_per_replay == (0 if served else 16)
     if not served:
         assert stats.pi_reasons[-1].startswith("PI: the graph reading inputs in place disagreed with the graph on copies")
+
+
+@pytest.mark.parametrize("fastest", ["graph", "graph_pi", "eager"])
+def test_scg_chooses_among_no_graph_copies_and_pi(cpu_graphs, monkeypatch, fastest):
+    monkeypatch.setattr(runtime, "timer", lambda name, run: (run(), 1.0 if name == fastest else 2.0)[1])
+    part, stats, live = _repointable_part(monkeypatch)
+    part.selective = True
+    w = torch.full((4,), 2.0)
+    for _ in range(5):
+        x = live(torch.randn(4))
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.scg["choice"] == fastest and set(stats.scg["measured_us"]) == {"graph", "graph_pi", "eager"}
+    assert (stats.pi_inputs, stats.copy_bytes_per_replay) == ((1, 0) if fastest == "graph_pi" else (0, 16))
+    assert stats.status == ("declined" if fastest == "eager" else "captured")
+    assert stats.replays == (0 if fastest == "eager" else 4)
+    if fastest == "graph":
+        assert stats.pi_reasons == ["SCG: faster copying the inputs than re-pointing the graph"]
 
 
 def test_difference_is_zero_only_for_bitwise_equal_and_infinite_for_other_structure():
@@ -456,6 +485,11 @@ def test_cost_model_is_clear_where_one_side_wins_by_far_and_measures_otherwise()
     assert scg.predict(_costs(11, gpu_us=560.0)) == {"graph": 560.0, "eager": 560.0}
     assert scg.predict(_costs(11, copy_bytes=291_110_912, copies=1, gpu_us=560.0)) == pytest.approx(
         {"graph": 560.0 + 291_110_912 / 2000.0, "eager": 560.0})
+    # with PI: a third candidate, without the copy but with a driver call per re-pointed node
+    with_pi = dataclasses.replace(_costs(2, copy_bytes=4096, copies=1), patched_nodes=2)
+    assert scg.predict(with_pi) == pytest.approx({"graph": 25.0, "eager": 20.0, "graph_pi": 19.0})
+    assert scg.clear(scg.predict(with_pi)) is None  # 19 against 20
+    assert scg.clear(scg.predict(dataclasses.replace(with_pi, kernels=40, copy_bytes=200_000))) == "graph_pi"
 
 
 def test_decision_measures_when_unclear_and_says_whether_the_model_agreed():
