@@ -5,13 +5,15 @@ latencies do not overlap). Then `rounds` rounds: in each, every variant runs `it
 turn, the order rotating from round to round, so that a slow moment of the host is shared out. Then each
 variant is profiled, and one record per variant is appended. Anything already recorded as final is
 skipped (unless forced), so an interrupted sweep resumes where it stopped; `shard` splits the workload
-list across machines or calls; `budget_s` stops starting new workloads in time.
+list across machines or calls, `claims` shares it out between sweeps running side by side; `budget_s`
+stops starting new workloads in time.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import time
 import uuid
 from collections.abc import Mapping
@@ -113,9 +115,24 @@ class Sweep:
                 if len(todo) < len(self.variants):
                     log.info("%s run %d: already recorded: %s", entry.name, run,
                              ", ".join(v.name for v in self.variants if v not in todo))
-                if todo:
+                if todo and self._claim(entry, run):
                     self._measure(entry, run, todo)
         return self.store.path
+
+    def _claim(self, entry: Entry, run: int) -> bool:
+        """With `claims` (a folder shared by sweeps running side by side, one per GPU), take this workload
+        unless another sweep has: the first to create its file measures it. Without, always."""
+        if self.cfg.claims is None:
+            return True
+        folder = Path(self.cfg.claims)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(folder / f"{entry.name}-{entry.mode}-{entry.batch}-{entry.size}-run{run}",
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            log.info("%s run %d: taken by a sweep beside this one", entry.name, run)
+            return False
+        return True
 
     def _record(self, entry: Entry, run: int, variant: Variant, status: str, **fields) -> Record:
         return Record(experiment=self.cfg.experiment_name, session=self.session, run=run, workload=entry.name,

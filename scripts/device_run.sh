@@ -7,10 +7,10 @@
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
 #   SHARDS=2 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 420 force=2026-11-30T10:30
-#     (two GPUs: one shard of the workloads each, GPU 0 with the tests and benchmarks first; each shard
-#     pinned to half of the cores (CPUS, taskset), so that one side's compiling does not steal the other's
-#     timing cores; both append to the one records file, each record under a lock; shard 1's log comes
-#     back as <experiment>_b.log)
+#     (two GPUs, a sweep on each, GPU 0 with the tests and benchmarks first: each takes the next workload
+#     the other has not claimed (claims=<folder>), pinned to half of the cores (CPUS, taskset) so that one
+#     side's compiling does not steal the other's timing cores; both append to the one records file,
+#     each record under a lock; GPU 1's log comes back as <experiment>_b.log)
 #
 # The experiment is stopped (SIGINT) LIMIT seconds (default 570) after the script started, so that the
 # records of every finished workload still come back from a call limited to 600 s.
@@ -27,9 +27,10 @@ python3 -c "import hydra" 2>/dev/null || python3 -m pip install -q --no-index --
 if [ "${SHARDS:-1}" = 2 ]; then
   half=$(( $(nproc) / 2 ))
   export LIMIT=$(( ${LIMIT:-570} - SECONDS ))
+  claims=$(mktemp -d /tmp/claims-XXXXXX)
   CUDA_VISIBLE_DEVICES=1 CPUS=$half-$(( 2 * half - 1 )) SHARDS=1 TESTS=0 BENCH=0 OUT=/tmp/out_b \
-    bash "$0" "$experiment" "$budget" shard=1/2 "$@" > /dev/null 2>&1 &
-  CUDA_VISIBLE_DEVICES=0 CPUS=0-$(( half - 1 )) SHARDS=1 bash "$0" "$experiment" "$budget" shard=0/2 "$@"
+    bash "$0" "$experiment" "$budget" claims="$claims" "$@" > /dev/null 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 CPUS=0-$(( half - 1 )) SHARDS=1 bash "$0" "$experiment" "$budget" claims="$claims" "$@"
   wait
   cp /tmp/out_b/"$experiment".log "$out/${experiment}_b.log"
   tail -3 "$out/${experiment}_b.log"

@@ -81,6 +81,17 @@ def test_shards_split_the_workload_list(make_cfg):
         Sweep(make_cfg(*base, "shard=2/2"))
 
 
+def test_sweeps_sharing_a_claims_folder_take_each_workload_once(make_cfg, tmp_path):
+    base = ["workload=[mlp,EOS]", "variant=[eager]", "workload.mlp.size=tiny", "workload.EOS.size=tiny",
+            f"claims={tmp_path / 'claims'}"]
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "mlp-eval-8-tiny-run0").touch()  # taken by a sweep on the other GPU
+    first = _sweep(make_cfg, *base)
+    assert [r.workload for r in first.store.load()] == ["eos_chain"]
+    _sweep(make_cfg, *base, "force=true")  # everything taken now: nothing measured, even when forced
+    assert len(first.store.load()) == 1
+
+
 def test_wrong_numbers_are_recorded_as_mismatch(make_cfg):
     sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager]",
                    "+variant.wrong.compile.backend=tests.helpers:offset_backend")
