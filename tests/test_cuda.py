@@ -7,22 +7,35 @@ pytestmark = pytest.mark.cuda
 from experiments.sweep import Sweep  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def records(tmp_path_factory):
+def _measured(out, *overrides):
+    """Records of a sweep at tiny size, variants set up in parallel."""
     from hydra import compose, initialize_config_dir
 
     from tests.conftest import CONF, FAST
 
-    out = tmp_path_factory.mktemp("results")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        # 3 workloads x 3 variants, set up in parallel: a few minutes on the H200
-        cfg = compose("config", overrides=[f"results_dir={out}", *FAST, "workload=[mlp,EOS,kv_decode]",
-                                           "workload.mlp.size=tiny", "workload.EOS.size=tiny",
-                                           "workload.kv_decode.size=tiny", "variant=[inductor,pt2_cg,cgct]",
-                                           "measure.parallel_setup=true"])
+        cfg = compose("config", overrides=[f"results_dir={out}", *FAST, "size=tiny", "measure.parallel_setup=true",
+                                           *overrides])
     sweep = Sweep(cfg)
     sweep.run()
     return {(r.workload, r.variant): r for r in sweep.store.load()}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    # 3 workloads x 3 variants: a few minutes on the H200
+    return _measured(tmp_path_factory.mktemp("results"), "workload=[mlp,EOS,kv_decode]", "variant=[inductor,pt2_cg,cgct]")
+
+
+def test_grace_trains_huggingface_models_right(tmp_path):
+    """Training graphs: the gradient of the loss arrives expanded, partitions may take no tensor input,
+    backward kernels add atomically; PI and all of GraCE must still capture and train right."""
+    records = _measured(tmp_path, "workload=[DGPT2,BSCG]", "variant=[pi,grace]")
+    assert len(records) == 4
+    for (w, v), r in records.items():
+        assert r.status == "ok" and r.numerics.passed, (w, v, r.reason)
+        assert r.grace["captured"] >= 2, (w, v, r.grace)
+        assert not any("overlapping" in why for why in r.grace["not_captured"]), (w, v, r.grace)
 
 
 def test_every_variant_ok_and_right(records):
