@@ -16,8 +16,10 @@ A partition's life, per set of sizes (one, unless shapes are dynamic):
              the previous output during the next call: a second recording (a twin, with its own
              memory) then takes turns with the first. In-place inputs that alternate (two KV caches)
              get a recording each; KEEP recordings per set of sizes are kept, the oldest dropped.
+             A static input that is not written and keeps moving (MOVES_BEFORE_COPY times: in a
+             backward graph, activations that code outside graphs makes anew) is copied from then on.
 Anything else is handled without a graph, the reason kept in the partition's Stats: capture fails
-(a synchronising op), in-place inputs keep moving (more than MAX_RERECORDS recordings at sizes already
+(a synchronising op), inputs it writes keep moving (more than MAX_RERECORDS recordings at sizes already
 recorded: the partition gives up its graphs), the outputs of both twins still held (a caller collecting
 outputs in a list: that call runs without the graph), more than MAX_SIZES sets of sizes (Mask R-CNN's
 proposal counts: new ones run without a graph, those recorded keep theirs). The limits are those of
@@ -42,6 +44,8 @@ log = logging.getLogger("grace")
 
 MAX_SIZES = 64  # sets of sizes a partition records (dynamic shapes); further ones run without a graph
 MAX_RERECORDS = 32  # recordings at sizes already recorded (in-place inputs moved, twins), over its life
+MOVES_BEFORE_COPY = 3  # a static input (not mutated) that moved this often is copied from then on: in a
+                       # backward graph, inputs produced by code outside graphs are static yet move each call
 KEEP = 4  # recordings kept per set of sizes (in-place addresses that alternate, twins)
 TWINS = 2  # recordings per set of sizes and in-place addresses: one may be replayed while the other's outputs are held
 ALIGNMENT = 16  # bytes: Inductor's kernels assume inputs this aligned
@@ -67,6 +71,7 @@ class Stats:
     scg: dict | None = None  # the latest SCG decision (grace.scg.Decision.as_dict), when SCG is on
     pi_inputs: int = 0  # copied inputs that PI reads in place instead (latest recording)
     pi_reasons: list[str] = dataclasses.field(default_factory=list)  # why PI left an input to the copy
+    moving_inputs: int = 0  # static inputs copied (or read through PI) because they kept moving
 
 
 # data_ptr -> output tensor of every live recording: an input found here is another graph's output and is
@@ -307,6 +312,7 @@ class PartitionGraph:
         self.selective, self.indirect = selective, indirect  # SCG, PI
         self.recordings: dict[tuple, list[_Recording]] = {}  # by the values of its size arguments, oldest first
         self.rerecords = 0
+        self.moves: dict[int, int] = {}  # static input -> times it had moved when recorded again
         self.scalars: list[int] | None = None
         self.warmed: set[tuple] = set()  # sizes seen once (warm-up): the next call at them records
         self.calls = 0
@@ -332,11 +338,16 @@ class PartitionGraph:
             if self.rerecords >= MAX_RERECORDS:
                 return f"more than {MAX_RERECORDS} recordings at sizes already recorded (in-place inputs keep moving)"
             self.rerecords += 1
+            last = self.recordings[key][-1]
+            for i in last.in_place:
+                if i not in self.partition.mutated and args[i].data_ptr() != last.ptrs[i]:
+                    self.moves[i] = self.moves.get(i, 0) + 1
+        moving = {i for i, n in self.moves.items() if n >= MOVES_BEFORE_COPY}
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != DEVICE_TYPE for i in tensors):
             return "a partition input is a CPU tensor (a graph would freeze its value): CGCT moves these"
-        in_place = [i for i in tensors if i in self.partition.static or i in self.partition.mutated
-                    or args[i].data_ptr() in _OUTPUTS]
+        in_place = [i for i in tensors if (i in self.partition.static and i not in moving)
+                    or i in self.partition.mutated or args[i].data_ptr() in _OUTPUTS]
         copied = [i for i in tensors if i not in in_place]
         if any(args[i].data_ptr() % ALIGNMENT for i in in_place if i in self.partition.mutated):
             return "an input mutated in place is not 16-byte aligned"
@@ -356,6 +367,7 @@ class PartitionGraph:
                 recording.drop()
                 return f"PI failed: {_error(e)}"
         s.in_place_inputs, s.copied_inputs, s.pi_inputs = len(in_place), len(copied), len(recording.served)
+        s.moving_inputs = len(moving & set(copied))
         s.copy_bytes_per_replay = recording.copy_bytes
         return recording
 

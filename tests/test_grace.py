@@ -257,6 +257,20 @@ def test_runtime_records_again_when_a_static_input_moves(cpu_graphs):
     assert stats.recordings >= 2 and stats.status == "captured"
 
 
+def test_a_static_input_that_keeps_moving_is_copied_instead_of_recorded_again(cpu_graphs):
+    """In a backward graph every input but the gradients counts as static, including activations that
+    code outside graphs makes anew each call: after MOVES_BEFORE_COPY moves such an input gets a placeholder."""
+    part, stats = _part(_partition_fn([]), static={1})
+    x = torch.randn(4)
+    for i in range(12):
+        w = torch.full((4,), float(i))  # a new tensor, somewhere else, every call
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.status == "captured" and stats.moving_inputs == 1
+    assert stats.recordings == 1 + runtime.MOVES_BEFORE_COPY and stats.replays == 11
+
+
 def test_runtime_replays_a_twin_while_outputs_are_held_and_never_overwrites_them(cpu_graphs):
     part, stats = _part(_partition_fn([]), static={1})
     w = torch.ones(4)
@@ -294,10 +308,10 @@ def test_in_place_inputs_that_alternate_keep_a_recording_each(cpu_graphs):
 
 
 def test_runtime_gives_up_when_in_place_inputs_keep_moving(cpu_graphs):
-    part, stats = _part(_partition_fn([]), static={1})
+    part, stats = _part(_partition_fn([]), mutated={1})  # an input it writes must be read in place
     x = torch.randn(4)
     for i in range(runtime.MAX_RERECORDS + 4):
-        (y,) = part([x, torch.full((4,), float(i))])  # the static input moves every call
+        (y,) = part([x, torch.full((4,), float(i))])  # and it moves every call
         torch.testing.assert_close(y, x * i + 1)
         del y
     assert stats.status == "eager" and f"more than {runtime.MAX_RERECORDS} recordings" in stats.reason
