@@ -38,7 +38,7 @@ class Explanation:
                              "kernels_in_graph": nodes.get("kernel"), "replays": self.replays_last_call.get(key, 0),
                              "without_graph": self.eager_last_call.get(key, 0),
                              "inputs_in_place": s.in_place_inputs, "inputs_copied": s.copied_inputs - s.pi_inputs,
-                             "inputs_pi": s.pi_inputs,
+                             "inputs_pi": s.pi_inputs, "inputs_moving": s.moving_inputs,
                              "bytes_copied_per_replay": s.copy_bytes_per_replay,
                              "scg": s.scg["choice"] if s.scg else "",
                              "scg_agreed": s.scg["agreed"] if s.scg else None, "reason": s.reason or ""})
@@ -70,6 +70,7 @@ class Explanation:
             "kernels_outside_graphs": self.kernels.kernels - self.kernels.in_graphs if self.kernels else None,
             "not_captured": sorted({f"{r.reason}" for r in df.itertuples() if r.status != "captured"}),
             "pi_inputs": int(df.inputs_pi.sum()) if len(df) else 0,
+            "moving_inputs_copied": int(df.inputs_moving.sum()) if len(df) else 0,  # static, but kept moving
             "pi_left_to_copy": sorted({why for g in self.graphs for s in g.partitions for why in s.pi_reasons}),
             "scg": self.scg_decisions(),
             "cgct": [note for g in self.graphs for note in g.cgct],
