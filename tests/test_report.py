@@ -28,6 +28,15 @@ def test_summary_numbers():
     assert "NVIDIA H200" in text
 
 
+def test_summary_names_where_grace_misses_the_better_stock_choice():
+    records = RECORDS + [rec("d", "inductor", 1.0), rec("d", "pt2_cg", 1.0), rec("d", "grace", 1.1),
+                         rec("e", "inductor", 1.0), rec("e", "pt2_cg", 0.5, share=1.0), rec("e", "grace", 0.6)]
+    text = report.summary(records)
+    # a and b beat both; c's grace failed; d: 1.1 x, and no variant replayed a graph; e: 0.6 against 0.5
+    assert ("grace within 3 % of the faster of inductor and pt2_cg on 2 of 4 workloads; not on: "
+            "d eval b1 (1.10x, no CUDA graph in any variant), e eval b1 (1.20x).") in text
+
+
 def test_summary_without_grace_says_so():
     text = report.summary([r for r in RECORDS if r.variant != "grace"])
     assert "- grace: not measured yet." in text
