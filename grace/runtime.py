@@ -112,6 +112,12 @@ timer = cuda_timer  # what SCG times candidates with; tests put a fake here
 DEVICE_TYPE = "cuda"  # where partition inputs must live to be captured
 
 
+def _poison(dtype: torch.dtype) -> float | bool:
+    """What PI's check writes into served placeholders: unlike real data, yet harmless to read (an
+    integer placeholder may hold indices: 0 is in range wherever any index is)."""
+    return True if dtype == torch.bool else 7.0 if dtype.is_floating_point else 0
+
+
 def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -276,7 +282,7 @@ class _Recording:
         snapshot.restore()
         for i, fill in zip(self.copied, self.fills):  # a node still reading a placeholder would show
             if i in indirection.inputs:
-                fill.fill_(True if fill.dtype == torch.bool else 7)
+                fill.fill_(_poison(fill.dtype))
         self.indirection = indirection
         self._point(args)  # the replay path itself: served inputs read in place, the rest copied
         self._replay()
@@ -371,10 +377,12 @@ class PartitionGraph:
         s.copy_bytes_per_replay = recording.copy_bytes
         return recording
 
-    def _costs(self, recording: _Recording, device: torch.device, snapshot: Snapshot) -> scg.Costs | None:
+    def _costs(self, recording: _Recording, device: torch.device, args: list, snapshot: Snapshot) -> scg.Costs | None:
         if recording.nodes is None or device.type != "cuda":
             return None  # nothing to predict from: measure
-        gpu_us = calibrate.device_us(recording._replay)  # the graph's kernels alone, on what it reads now
+        if recording.copied:  # placeholders hold this call's inputs (never garbage: indices read as such)
+            recording._copy(args)
+        gpu_us = calibrate.device_us(recording._replay)  # the graph's kernels alone
         snapshot.restore()
         return scg.Costs(recording.nodes["kernel"], calibrate.launch_us(device), calibrate.replay_us(device),
                          _nbytes(recording.fills), calibrate.copy_bytes_per_us(device), len(recording.fills),
@@ -395,7 +403,7 @@ class PartitionGraph:
         if recording.indirection is not None:
             runs["graph_pi"] = graph(True)
         snapshot = Snapshot([args[i] for i in sorted(self.partition.mutated)])
-        decision = scg.decide(self._costs(recording, device, snapshot), runs, timer, snapshot)
+        decision = scg.decide(self._costs(recording, device, args, snapshot), runs, timer, snapshot)
         recording.use_graph = decision.choice != "eager"
         recording.set_pi(decision.choice == "graph_pi")
         s = self.stats
