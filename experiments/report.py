@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -120,6 +121,7 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
                      f"{(g_last - 1) / (g_first - 1):.3g} (the paper reports more than 2).")
     else:
         lines.append(f"- Benefit ratio of {last} over {first}: not measurable yet ({last} has no records).")
+    lines.append(_scg_agreement(records))
     lines.append(f"- Measured on {_values(used, 'gpu')}, driver {_values(used, 'driver')}, torch "
                  f"{_values(used, 'torch')}, triton {_values(used, 'triton')}, commits {_values(used, 'git_commit')}, "
                  f"between {used['date'].min()} and {used['date'].max()}.")
@@ -138,6 +140,22 @@ def _within_best_stock(used: pd.DataFrame, med: pd.DataFrame, stock: str, ours: 
             for w, r in ratio.items() if r > margin]
     return (f"- {ours} within {100 * (margin - 1):.0f} % of the faster of {BASELINE} and {stock} on "
             f"{len(ratio) - len(over)} of {len(ratio)} workloads; not on: {', '.join(over) or 'none'}.")
+
+
+def _scg_agreement(records: Sequence[Record]) -> str:
+    """How SCG decided, over the latest ok record of every variant with SCG on: decisions by choice,
+    how many the cost model settled alone, and on those it left to timing, how often it had predicted
+    what the timing chose."""
+    latest = {r.key: r for r in records}.values()
+    decisions = [d for r in latest if r.status == "ok" and r.grace and r.grace.get("scg")
+                 for d in r.grace["scg"]["decisions"]]
+    if not decisions:
+        return "- SCG: no decisions recorded yet."
+    measured = [d for d in decisions if d["measured_us"] is not None]
+    chosen = Counter(d["choice"] for d in decisions)
+    return (f"- SCG: {len(decisions)} decisions ({', '.join(f'{n} {c}' for c, n in sorted(chosen.items()))}); "
+            f"{len(decisions) - len(measured)} settled by the cost model alone, {len(measured)} timed, and on those "
+            f"the model had predicted the timed choice {sum(bool(d['agreed']) for d in measured)} times.")
 
 
 def spread(records: Iterable[Record]) -> str:

@@ -37,6 +37,19 @@ def test_summary_names_where_grace_misses_the_better_stock_choice():
             "d eval b1 (1.10x, no CUDA graph in any variant), e eval b1 (1.20x).") in text
 
 
+def test_summary_counts_scg_decisions_and_the_models_agreement():
+    def decision(choice, measured, agreed):
+        return {"choice": choice, "measured_us": {"graph": 1.0} if measured else None, "agreed": agreed}
+
+    grace = rec("a", "grace", 1.0)
+    grace.grace = {"scg": {"decisions": [decision("graph", False, None), decision("eager", True, True),
+                                         decision("graph_pi", True, False)]}}
+    text = report.summary([r for r in RECORDS if (r.workload, r.variant) != ("a", "grace")] + [grace])
+    assert ("- SCG: 3 decisions (1 eager, 1 graph, 1 graph_pi); 1 settled by the cost model alone, 2 timed, "
+            "and on those the model had predicted the timed choice 1 times.") in text
+    assert "- SCG: no decisions recorded yet." in report.summary(RECORDS)
+
+
 def test_summary_without_grace_says_so():
     text = report.summary([r for r in RECORDS if r.variant != "grace"])
     assert "- grace: not measured yet." in text
