@@ -94,7 +94,7 @@ def kernel_params(node) -> tuple[object, list[bytes]]:
 def point_params(params, buffers: list) -> list:
     """Make `params` hand the kernel these ctypes buffers, the way it was launched (one pointer per
     parameter, or one packed buffer through `extra`); returns what must live as long as `params`."""
-    if int(params.kernelParams or 0) or not int(getattr(params, "extra", 0) or 0):
+    if int(params.kernelParams or 0) or not int(params.extra or 0):
         array = (ctypes.c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
         params.kernelParams = ctypes.addressof(array)
         return [array]

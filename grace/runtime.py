@@ -187,7 +187,7 @@ class _Recording:
     def accepts(self, args: list) -> bool:
         """Whether inputs expanded when recorded are expanded along the same dims now (the copy fills
         one element along them)."""
-        return all(args[i].stride(d) == 0 for i, dims in self.expanded.items() for d in dims)
+        return not self.expanded or all(args[i].stride(d) == 0 for i, dims in self.expanded.items() for d in dims)
 
     def _copy(self, args: list) -> None:
         """Every copied input into its placeholder, as stock graph trees do before each replay."""
@@ -212,11 +212,15 @@ class _Recording:
         if dst:
             torch._foreach_copy_(dst, src)
 
+    def _to_placeholders(self) -> None:
+        """Point PI's nodes back at the placeholders, where copies land."""
+        self.indirection.point({i: p.data_ptr() for i, p in zip(self.copied, self.placeholders)
+                                if i in self.indirection.inputs})
+
     def set_pi(self, on: bool) -> None:
         """Replay with PI (served inputs read in place) or with copies into every placeholder."""
         if self.indirection is not None and self.use_pi and not on:
-            self.indirection.point({i: p.data_ptr() for i, p in zip(self.copied, self.placeholders)
-                                    if i in self.indirection.inputs})  # back to its placeholders
+            self._to_placeholders()
         self.use_pi = on
 
     @property
@@ -292,7 +296,7 @@ class _Recording:
         # vouches for nothing: it must then come out bitwise equal)
         bad = [(o, j) for o, j in zip(off, jitter) if o > JITTER_FACTOR * j or (o and math.isinf(j))]
         if bad:
-            indirection.point({i: ranges[i][0] for i in indirection.inputs})
+            self._to_placeholders()
             self.indirection = None
             o, j = max(bad)
             return reasons + [f"PI: the graph reading inputs in place disagreed with the graph on copies (an "

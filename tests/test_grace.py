@@ -592,6 +592,7 @@ def test_pi_finds_pointers_in_plain_and_struct_parameters():
 
 class FakeParams:
     kernelParams = 0
+    extra = 0
 
 
 def test_pi_points_only_nodes_that_read_a_moved_input_and_never_a_memcpy_input(monkeypatch):
