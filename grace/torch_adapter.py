@@ -209,8 +209,18 @@ def references(tensors: list[torch.Tensor], storages: list[int]) -> list[tuple[i
 
 
 def has_internal_overlap(t: torch.Tensor) -> bool:
-    """Whether some elements of `t` share memory (an expanded tensor): no copy can be written into it."""
-    return torch._debug_has_internal_overlap(t) != 0  # 0: no, 1: yes, 2: too complex to tell
+    """Whether some elements of `t` share memory (an expanded or overlapping strided view): no copy can be
+    written into it. Where torch cannot tell (any view that is not dense, a slice say), `t` is free of
+    overlap if each dim, in order of stride, steps past everything the smaller-strided dims span."""
+    verdict = torch._debug_has_internal_overlap(t)  # 0: no, 1: yes, 2: too complex to tell
+    if verdict != 2:
+        return verdict == 1
+    span = 0  # the furthest element the dims with smaller strides reach
+    for size, stride in sorted(((n, abs(s)) for n, s in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
+        if stride <= span:
+            return True
+        span += (size - 1) * stride
+    return False
 
 
 def fake_propagate(gm, example_inputs) -> None:

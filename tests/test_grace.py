@@ -138,6 +138,32 @@ def test_runtime_copies_an_expanded_input_into_an_expanded_placeholder(cpu_graph
     assert stats.eager_calls == 1 and stats.reason == "an input expanded when recorded is not expanded now"
 
 
+def test_a_strided_view_gets_a_placeholder_and_an_overlapping_one_does_not(cpu_graphs):
+    """torch cannot tell whether a view that is not dense (a slice) overlaps itself; the runtime works it
+    out from the strides, so a slice is copied into a placeholder of its layout, while a view whose
+    windows overlap runs without a graph."""
+    from grace.torch_adapter import has_internal_overlap
+    base = torch.randn(8, 6)
+    assert not has_internal_overlap(base[:, :-1]) and not has_internal_overlap(base.t()[1:, ::2])
+    assert has_internal_overlap(torch.randn(1, 3).expand(4, 3))
+    assert has_internal_overlap(torch.randn(10).as_strided((4, 3), (2, 1)))  # windows 0-2, 2-4, ...
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.full((4, 3), 2.0)
+    for i in range(4):
+        x = torch.randn(4, 5)[:, 1:4]
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.status == "captured" and stats.replays == 3 and stats.copy_bytes_per_replay == 4 * 3 * 4
+    part, stats = _part(_partition_fn([]), static={1})
+    for i in range(3):
+        x = torch.randn(10).as_strided((4, 3), (2, 1))
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.replays == 0 and "overlapping" in stats.reason
+
+
 def test_a_failing_pi_leaves_the_partition_without_a_graph_and_right(cpu_graphs, monkeypatch):
     def fails(recording, args):
         raise RuntimeError("CUDA driver error 1")
