@@ -26,7 +26,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from experiments import stats, workloads  # noqa: E402
-from experiments.records import Record  # noqa: E402
+from experiments.records import Record, latest  # noqa: E402
 
 KEY = ["workload", "mode", "batch", "size", "variant", "run", "tp"]
 BASELINE = "inductor"
@@ -38,9 +38,9 @@ ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date"]
 
 
 def frame(records: Iterable[Record]) -> pd.DataFrame:
-    """One row per key: the latest record (records are taken in the order given, oldest first)."""
+    """One row per key: the latest record (records.latest; records are taken oldest first)."""
     rows = []
-    for r in records:
+    for r in latest(records).values():
         k = r.kernels
         rows.append({
             "workload": r.workload, "mode": r.mode, "batch": r.batch, "size": r.size, "variant": r.variant,
@@ -57,7 +57,6 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
                                            *ENV_COLUMNS])
-    df = df.drop_duplicates(subset=KEY, keep="last")
     df["label"] = df.apply(_label, axis=1)
     return df
 

@@ -1,8 +1,9 @@
 """Result records: one JSON line per (workload, variant, run), appended atomically.
 
 A record is final when its status is `ok` or `mismatch` (a measurement was made); a rerun skips final
-records unless forced (all of them, or those made before a date). `failed`, `skipped` and `interrupted` records are kept as history and retried. Readers take the
-latest record per key.
+records unless forced (all of them, or those made before a date). `failed`, `skipped` and `interrupted` records
+are kept as history and retried. Readers take the latest record per key, passing over an `interrupted`
+one where an earlier record exists.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,16 @@ def key(workload: str, mode: str, batch: int, size: str, variant: str, run: int,
     return (workload, mode, batch, size, variant, run, tp)
 
 
+def latest(records: Iterable[Record]) -> dict[tuple, Record]:
+    """The newest record per key (records oldest first). An `interrupted` record (the sweep's time ran out
+    mid-workload) says nothing about the variant, so it does not hide the record before it."""
+    newest: dict[tuple, Record] = {}
+    for r in records:
+        if r.status != "interrupted" or newest.get(r.key, r).status == "interrupted":
+            newest[r.key] = r
+    return newest
+
+
 class RecordStore:
     """A JSON-lines file of records. Appends take an exclusive lock and write one whole line in one
     call, then fsync, so concurrent jobs and an interrupted run never leave half a record behind."""
@@ -141,8 +153,7 @@ class RecordStore:
         return records
 
     def latest(self) -> dict[tuple, Record]:
-        """The newest record per key."""
-        return {r.key: r for r in self.load()}
+        return latest(self.load())
 
     def final_keys(self, made_before: str | None = None) -> set[tuple]:
         """Keys measured already; with `made_before` (an ISO date, UTC), only those measured since then."""

@@ -56,6 +56,17 @@ def test_latest_wins_and_only_ok_or_mismatch_is_final(tmp_path):
     assert {k[4] for k in store.final_keys()} == {"a", "b", "d"}
 
 
+def test_an_interrupted_run_does_not_hide_the_record_before_it(tmp_path):
+    store = RecordStore(tmp_path / "r.jsonl")
+    store.append(make("a", "ok", median_ms=1.0))
+    store.append(make("a", "interrupted"))
+    store.append(make("b", "interrupted", reason="first"))
+    store.append(make("b", "interrupted", reason="second"))
+    latest = store.latest()
+    assert latest[make("a").key].median_ms == 1.0 and latest[make("b").key].reason == "second"
+    assert {k[4] for k in store.final_keys()} == {"a"}
+
+
 def test_records_made_before_a_date_are_not_final_when_asked(tmp_path):
     store = RecordStore(tmp_path / "r.jsonl")
     store.append(make("a", env={"date": "2026-11-30T07:23:30+00:00"}))
