@@ -155,7 +155,14 @@ def _scg_agreement(records: Sequence[Record]) -> str:
     chosen = Counter(d["choice"] for d in decisions)
     return (f"- SCG: {len(decisions)} decisions ({', '.join(f'{n} {c}' for c, n in sorted(chosen.items()))}); "
             f"{len(decisions) - len(measured)} settled by the cost model alone, {len(measured)} timed, and on those "
-            f"the model had predicted the timed choice {sum(bool(d['agreed']) for d in measured)} times.")
+            f"the model had predicted the timed choice {sum(bool(d['agreed']) for d in measured)} times"
+            f"{_ties(measured)}.")
+
+
+def _ties(measured: list[dict]) -> str:
+    """Timings whose rounds split between candidates, so that the model chose (recorded since `tied` was)."""
+    ties = sum(bool(d.get("tied")) for d in measured)
+    return f" ({ties} timings could not tell the fastest apart and followed the model)" if ties else ""
 
 
 def spread(records: Iterable[Record]) -> str:

@@ -53,6 +53,7 @@ class Explanation:
         measured = [d for d in decisions if d["measured_us"] is not None]
         return {**{c: sum(d["choice"] == c for d in decisions) for c in scg.CANDIDATES},
                 "measured": len(measured), "model_agreed": sum(bool(d["agreed"]) for d in measured),
+                "tied": sum(bool(d["tied"]) for d in measured),
                 "decisions": decisions}
 
     def summary(self) -> dict[str, Any]:

@@ -14,9 +14,11 @@ The decision is made once per recording, right after it, in two steps:
    the host's launch cost and a bare replay's cost (measured once per process, grace.calibrate), bytes
    the replay would copy and the copy bandwidth, and the GPU time of the graph's kernels (one replay
    between CUDA events). Where one side wins by more than CLEAR, that is the decision.
-2. Otherwise measure(): time both candidates on the call's own inputs, ROUNDS times in turn (the order
-   rotating), and keep each one's fastest round: right after a capture the host is cold, and on a shared
-   host one round can be slowed by others. Inputs the partition mutates are snapshotted and restored
+2. Otherwise measure(): time the candidates on the call's own inputs, ROUNDS times in turn (the order
+   rotating), and choose the one fastest in the most rounds; a tie goes to the model's order. Candidates
+   are compared within a round, next to each other in time, because the machine drifts across rounds:
+   right after a capture the host is cold, and on a shared host a round can be slowed by others (on the
+   H200 one partition's rounds took 6.8, 9.9 and 12.6 ms in turn). Inputs the partition mutates are snapshotted and restored
    after each timing, the RNG state too, so that the caller's results are those of exactly one execution
    (the chosen candidate's, run after the measurement).
 Each decision keeps its inputs, the prediction, the times measured and whether they agreed.
@@ -25,6 +27,8 @@ Each decision keeps its inputs, the prediction, the times measured and whether t
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections import Counter
 from typing import Callable
 
 from grace.snapshot import Snapshot
@@ -55,7 +59,7 @@ PATCH_US = 2.0  # host cost of re-pointing one kernel node: the target (DESIGN.m
 
 @dataclasses.dataclass
 class Decision:
-    choice: str  # graph | eager
+    choice: str  # graph | graph_pi | eager
     predicted_us: dict[str, float]  # per candidate, per call
     measured_us: dict[str, float] | None = None  # per candidate (its fastest round), when the prediction was not clear
     rounds_us: dict[str, list[float]] | None = None  # per candidate, every round
@@ -66,15 +70,21 @@ class Decision:
         return min(self.predicted_us, key=self.predicted_us.get) if self.predicted_us else None
 
     @property
+    def tied(self) -> bool:
+        """Whether the timing could not tell the fastest candidates apart (the model then chose)."""
+        return self.rounds_us is not None and len(most_wins(self.rounds_us)) > 1
+
+    @property
     def agreed(self) -> bool | None:
-        """Whether the prediction picked what the measurement did (None: nothing measured or predicted)."""
-        if self.measured_us is None or not self.predicted_us:
+        """Whether the prediction picked what the measurement did (None: nothing measured or predicted,
+        or a tie)."""
+        if self.measured_us is None or not self.predicted_us or self.tied:
             return None
         return self.predicted_choice == self.choice
 
     def as_dict(self) -> dict:
         return {"choice": self.choice, "predicted_us": self.predicted_us, "measured_us": self.measured_us,
-                "rounds_us": self.rounds_us, "agreed": self.agreed, "costs": dataclasses.asdict(self.costs) if self.costs else None}
+                "rounds_us": self.rounds_us, "agreed": self.agreed, "tied": self.tied, "costs": dataclasses.asdict(self.costs) if self.costs else None}
 
 
 def predict(c: Costs) -> dict[str, float]:
@@ -122,4 +132,16 @@ def decide(costs: Costs | None, runs: dict[str, Callable[[], object]], timer: Ti
         return Decision(choice, predicted, None, None, costs)
     rounds = measure(runs, timer, snapshot.restore)
     fastest = {name: min(times) for name, times in rounds.items()}
-    return Decision(min(fastest, key=fastest.get), predicted, fastest, rounds, costs)
+    return Decision(choose(rounds, predicted), predicted, fastest, rounds, costs)
+
+
+def most_wins(rounds: dict[str, list[float]]) -> list[str]:
+    """The candidates fastest in the most rounds (more than one: the timing cannot tell them apart)."""
+    wins = Counter(min(rounds, key=lambda name: rounds[name][r]) for r in range(len(next(iter(rounds.values())))))
+    return [name for name in rounds if wins[name] == max(wins.values())]
+
+
+def choose(rounds: dict[str, list[float]], predicted: dict[str, float]) -> str:
+    """The candidate fastest in the most rounds; among those tied, the model's favourite (without a
+    prediction, the one with the fastest round)."""
+    return min(most_wins(rounds), key=lambda name: (predicted.get(name, math.inf), min(rounds[name])))

@@ -541,6 +541,17 @@ def test_decision_measures_when_unclear_and_says_whether_the_model_agreed():
     assert d.choice == "eager" and d.measured_us == {"graph": 30.0, "eager": 10.0}
     assert d.rounds_us == {"graph": [90.0, 30.0, 35.0], "eager": [10.0, 50.0, 12.0]}
     assert d.predicted_choice == "graph" and d.agreed is False
+    # a machine that drifts across rounds: each round slower, the candidates compared within each
+    drift = {"graph": iter([6830.0, 9888.0, 12631.0]), "graph_pi": iter([8510.0, 8817.0, 11623.0]),
+             "eager": iter([13096.0, 14257.0, 15032.0])}
+    with_pi = dataclasses.replace(_costs(751, copy_bytes=2**30, copies=3, gpu_us=5824.0), launch_us=9.0,
+                                  patched_nodes=2)
+    d = scg.decide(with_pi, dict.fromkeys(drift, lambda: None), lambda name, run: next(drift[name]), Snapshot([]))
+    assert d.choice == "graph_pi" and d.measured_us["graph"] < d.measured_us["graph_pi"] and d.agreed is True
+    # rounds split one each: the timing cannot tell, and the model's favourite is taken
+    split = {"graph": iter([1.0, 3.0, 3.0]), "graph_pi": iter([3.0, 1.0, 3.0]), "eager": iter([3.0, 3.0, 1.0])}
+    d = scg.decide(with_pi, dict.fromkeys(split, lambda: None), lambda name, run: next(split[name]), Snapshot([]))
+    assert d.tied and d.choice == d.predicted_choice == "graph_pi" and d.agreed is None
     clear = scg.decide(_costs(50), {}, None, Snapshot([]))
     assert clear.choice == "graph" and clear.measured_us is None and clear.agreed is None
 
