@@ -45,6 +45,7 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
         rows.append({
             "workload": r.workload, "mode": r.mode, "batch": r.batch, "size": r.size, "variant": r.variant,
             "run": r.run, "tp": r.tp, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,
+            "round_ratios": r.round_ratios,
             "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
             "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None,
@@ -53,7 +54,7 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
             "graph_break_reasons": "; ".join(r.graph_break_reasons),
             **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
-    df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "gpu_kernel_ms", "kernels",
+    df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "round_ratios", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
                                            *ENV_COLUMNS])

@@ -31,15 +31,20 @@ def test_summary_numbers():
 def test_summary_names_where_grace_misses_the_better_stock_choice():
     records = RECORDS + [rec("d", "inductor", 1.0), rec("d", "pt2_cg", 1.0), rec("d", "grace", 1.1),
                          rec("e", "inductor", 1.0), rec("e", "pt2_cg", 0.5, share=1.0), rec("e", "grace", 0.6)]
+    # per-round ratios to inductor's rounds: d's grace misses in two rounds of three, e's in all three
+    records[-4].round_ratios, records[-2].round_ratios = [1.2, 1.0, 1.1], [0.5, 0.5, 0.5]
+    records[-1].round_ratios = [0.6, 0.62, 0.58]
     text = report.summary(records)
     # a and b beat both; c's grace failed; d: 1.1 x, and no variant replayed a graph; e: 0.6 against 0.5
     assert ("grace within 3 % of the faster of inductor and pt2_cg on 2 of 4 workloads; not on: "
-            "d eval b1 (1.10x, no CUDA graph in any variant), e eval b1 (1.20x).") in text
+            "d eval b1 (1.10x, per round 1.00-1.20, no CUDA graph in any variant), e eval b1 (1.20x, per round "
+            "1.16-1.24). Slower by more than 3 % in every round: e eval b1.") in text
 
 
 def test_summary_counts_scg_decisions_and_the_models_agreement():
-    def decision(choice, measured, agreed):
-        return {"choice": choice, "measured_us": {"graph": 1.0} if measured else None, "agreed": agreed}
+    def decision(choice, measured, agreed, tied=False):
+        return {"choice": choice, "measured_us": {"graph": 1.0} if measured else None, "agreed": agreed,
+                "tied": tied}
 
     grace = rec("a", "grace", 1.0)
     grace.grace = {"scg": {"decisions": [decision("graph", False, None), decision("eager", True, True),
@@ -47,6 +52,10 @@ def test_summary_counts_scg_decisions_and_the_models_agreement():
     text = report.summary([r for r in RECORDS if (r.workload, r.variant) != ("a", "grace")] + [grace])
     assert ("- SCG: 3 decisions (1 eager, 1 graph, 1 graph_pi); 1 settled by the cost model alone, 2 timed, "
             "and on those the model had predicted the timed choice 1 times.") in text
+    grace.grace["scg"]["decisions"].append(decision("graph", True, None, tied=True))
+    text = report.summary([r for r in RECORDS if (r.workload, r.variant) != ("a", "grace")] + [grace])
+    assert ("3 timed, and on those the model had predicted the timed choice 1 times (1 timings could not tell "
+            "the fastest apart and followed the model).") in text
     assert "- SCG: no decisions recorded yet." in report.summary(RECORDS)
 
 
