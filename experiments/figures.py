@@ -58,21 +58,21 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
                                            *ENV_COLUMNS])
-    df["label"] = df.apply(_label, axis=1)
+    df["label"] = [label(r.workload, r.mode, r.batch, r.size) for r in df.itertuples()]
     return df
 
 
-def _label(row) -> str:
+def label(workload: str, mode: str, batch: int, size: str) -> str:
     """The paper's acronym where the record is that workload as the paper ran it, else a description."""
     try:
-        cls = workloads.get(row["workload"])
+        cls = workloads.get(workload)
     except workloads.UnknownWorkload:
         cls = None
-    acronym = cls.acronyms.get(row["mode"]) if cls else None
-    if acronym and row["size"] == "full" and row["batch"] == cls.batch_sizes[row["mode"]]:
+    acronym = cls.acronyms.get(mode) if cls else None
+    if acronym and size == "full" and batch == cls.batch_sizes[mode]:
         return acronym
-    tiny = " tiny" if row["size"] == "tiny" else ""
-    return f"{row['workload']} {row['mode']} b{row['batch']}{tiny}"
+    tiny = " tiny" if size == "tiny" else ""
+    return f"{workload} {mode} b{batch}{tiny}"
 
 
 def _ok(df: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -226,13 +226,14 @@ def pi_microbench_figure(sizes: Path, out: Path) -> Path:
     rows = json_lines(sizes)
     table = pd.DataFrame({r["bytes_per_input"]: r["median_us_per_call"] for r in rows}).T.sort_index()
     labels = {"copy": "copy into placeholder (stock)", "pi": "PI (re-point kernels)", "bare": "bare replay",
-              "static": "runtime, inputs in place", "patch": "PI's node updates alone"}
+              "static": "runtime, inputs in place", "patch": "PI's node updates alone",
+              "pi_still": "PI, inputs never moving"}
     sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6, 4))
     for (way, label), color in zip(labels.items(), sns.color_palette("colorblind", len(labels))):
         if way in table:
             ax.plot(table.index, table[way], marker="o", label=label, color=color,
-                    linestyle="--" if way in ("static", "patch") else "-")
+                    linestyle="--" if way in ("static", "patch", "pi_still") else "-")
     wins = table.index[table["pi"] < table["copy"]]
     if len(wins):
         ax.axvline(wins[0], color="grey", linestyle=":", label=f"PI faster from {wins[0]:,} bytes")

@@ -49,6 +49,8 @@ class KernelStats:
     kernels_in_graphs_share: float | None  # share of those kernels replayed from CUDA graphs
     graphs: float | None  # CUDA graph launches
     graph_input_copy_bytes: float  # bytes copied into graph input buffers (torch._foreach_copy_)
+    top: list[dict[str, Any]] = field(default_factory=list)  # the device activities that took the most
+    # time: name, in_graph, launches and us per iteration (experiments.profiling.kernel_table)
 
 
 @dataclass

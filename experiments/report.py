@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import stats
-from experiments.figures import BASELINE, frame, json_lines, speedups
+from experiments.figures import BASELINE, frame, json_lines, label, speedups
 from experiments.records import Record, latest
 
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -207,3 +207,30 @@ def splice(text: str, into: Path) -> None:
         raise ValueError(f"{into} has no {README_BEGIN} ... {README_END} markers")
     pattern = re.compile(re.escape(README_BEGIN) + ".*?" + re.escape(README_END), re.S)
     into.write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{text}{README_END}", doc))
+
+
+def kernel_diff(records: Iterable[Record], workload: str, a: str, b: str) -> str:
+    """Where two variants of one workload (its label: the paper's acronym, or "name mode bN") spend their
+    GPU time differently, from the top device activities their latest records keep: per activity (and
+    inside or outside a graph), us per iteration in each and b - a, the largest differences first."""
+    newest = {r.variant: r for r in latest(records).values()
+              if label(r.workload, r.mode, r.batch, r.size) == workload and r.tp == 1 and r.run == 0}
+    missing = [v for v in (a, b) if v not in newest or not (newest[v].kernels and newest[v].kernels.top)]
+    if missing:
+        return f"{workload}: no kernel table recorded for {', '.join(missing)}.\n"
+    rows = {}
+    for v in (a, b):
+        for k in newest[v].kernels.top:
+            rows.setdefault((k["name"], k["in_graph"]), {})[v] = k["us"]
+    table = pd.DataFrame([{"activity": name, "in graph": in_graph, a: t.get(a), b: t.get(b)}
+                          for (name, in_graph), t in rows.items()])
+    table[f"{b} - {a}"] = table[b].fillna(0) - table[a].fillna(0)
+    table = table.reindex(table[f"{b} - {a}"].abs().sort_values(ascending=False).index)
+    ka, kb = newest[a].kernels, newest[b].kernels
+    return (f"{workload}: median {newest[a].median_ms:.3f} ms ({a}) against {newest[b].median_ms:.3f} ms ({b}); "
+            f"GPU time {ka.gpu_kernel_ms:.3f} against {kb.gpu_kernel_ms:.3f} ms per iteration "
+            f"(commits {newest[a].env.get('git_commit', '?')[:7]}, {newest[b].env.get('git_commit', '?')[:7]}). "
+            f"Activities outside each record's top {len(ka.top)} show as empty.\n\n"
+            + table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".1f", missingval="")
+            + "\n")
+

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import tempfile
-from collections.abc import Iterable
 from typing import Callable
 
 import torch
@@ -28,18 +27,22 @@ class KernelCounts:
     device_us: float  # device time of kernels, memcpys and memsets
 
 
-def count(events: Iterable[dict]) -> KernelCounts:
+def graph_correlations(events: list[dict]) -> set[int]:
+    """Correlation ids of the graph launches: the device activities a graph replayed carry one of them."""
+    return {e["args"]["correlation"] for e in events
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("name") in GRAPH_LAUNCHES}
+
+
+def count(events: list[dict]) -> KernelCounts:
     """From chrome-trace events."""
-    graph_correlations, kernels, device_us = set(), [], 0.0
+    graph_launches, kernels, device_us = graph_correlations(events), [], 0.0
     for e in events:
         cat = e.get("cat")
-        if cat in ("cuda_runtime", "cuda_driver") and e.get("name") in GRAPH_LAUNCHES:
-            graph_correlations.add(e["args"]["correlation"])
-        elif cat in DEVICE_CATEGORIES:
+        if cat in DEVICE_CATEGORIES:
             device_us += e.get("dur", 0.0)
             if cat == "kernel":
                 kernels.append(e["args"].get("correlation"))
-    return KernelCounts(len(kernels), sum(c in graph_correlations for c in kernels), len(graph_correlations), device_us)
+    return KernelCounts(len(kernels), sum(c in graph_launches for c in kernels), len(graph_launches), device_us)
 
 
 def trace(call: Callable[[], object]) -> list[dict]:

@@ -11,7 +11,10 @@ Dynamo's guards and wrappers, the same for both, are left out so that what diffe
 Each call passes fresh input tensors (three sets are cycled), so `copy` copies and `pi` re-points every
 call. Two more ways split PI's cost: `static`, the same partition path with its inputs read in place and
 never moved (the runtime's own bookkeeping), and `patch`, PI's kernel-node updates alone, without a
-replay; what `pi` costs beyond `static` + `patch` is the launch of a just-updated graph. A round times `calls` back-to-back calls and one synchronization, so a call costs the host's time
+replay; what `pi` costs beyond `static` + `patch` is the launch of a just-updated graph. `pi_still` is
+PI's path fed one input set every call (nothing to re-point after the first, as in a loop over fixed
+inputs): against `static`, what a graph updated once costs on every later launch. A round times `calls`
+back-to-back calls and one synchronization, so a call costs the host's time
 or the GPU's, whichever is longer. Writes one JSON line per size, with the partition's PI state (inputs
 re-pointed, bytes still copied); `python scripts/make_figures.py` plots paper_figures/pi_microbench.png.
 """
@@ -59,6 +62,10 @@ def measure(n: int, calls: int, rounds: int) -> dict:
         for _ in range(4):
             call()
         ways[way] = call
+    still = parts["pi_still"] = partition_graph(compiled, 3, static=False, indirect=True)
+    for _ in range(4):
+        still(list(sets[0]))
+    ways["pi_still"] = lambda: still(list(sets[0]))
     (recording,) = parts["pi"].recordings[()]
     if recording.indirection is not None:  # PI's driver updates alone, no replay
         targets = [{i: s[i].data_ptr() for i in recording.indirection.inputs} for s in sets]

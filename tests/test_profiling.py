@@ -24,6 +24,10 @@ def test_kernel_stats_from_a_trace():
     assert s.kernels_in_graphs_share == 0.75
     assert s.gpu_kernel_ms == (3 * 10 + 20 + 5) / 1e3
     assert s.graph_input_copy_bytes == 512.0
+    # where the time went, per iteration: the same kernel inside and outside graphs kept apart
+    assert s.top == [{"name": "k", "in_graph": True, "launches": 3.0, "us": 30.0},
+                     {"name": "k", "in_graph": False, "launches": 1.0, "us": 20.0},
+                     {"name": "copy", "in_graph": False, "launches": 1.0, "us": 5.0}]
 
 
 def test_kernel_stats_without_cuda():

@@ -88,3 +88,17 @@ def test_spread_reports_runs_measured_twice():
     assert rows == ["| mlp eval b8 tiny / pt2_cg |          2 |        2.2 |         10 |"]
     assert "spread is 10 % at the median" in text
     assert report.spread(records[2:]) == ""
+
+
+def test_kernel_diff_puts_the_largest_difference_first():
+    a, b = rec("a", "pt2_cg", 2.0), rec("a", "runtime", 2.5)
+    a.kernels.top = [{"name": "gemm", "in_graph": True, "launches": 4.0, "us": 100.0},
+                     {"name": "copy", "in_graph": False, "launches": 1.0, "us": 10.0}]
+    b.kernels.top = [{"name": "gemm", "in_graph": True, "launches": 4.0, "us": 101.0},
+                     {"name": "adam", "in_graph": False, "launches": 2.0, "us": 60.0}]
+    text = report.kernel_diff([a, b], "a eval b1", "pt2_cg", "runtime")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| ")][1:]
+    assert rows == [["adam", "False", "", "60.0", "60.0"], ["copy", "False", "10.0", "", "-10.0"],
+                    ["gemm", "True", "100.0", "101.0", "1.0"]]
+    assert "median 2.000 ms (pt2_cg) against 2.500 ms (runtime)" in text
+    assert report.kernel_diff([a], "a eval b1", "pt2_cg", "runtime") == "a eval b1: no kernel table recorded for runtime.\n"
