@@ -184,20 +184,32 @@ def _ties(measured: list[dict]) -> str:
 
 
 def spread(records: Iterable[Record]) -> str:
-    """Run-to-run spread: for each (workload, variant) measured in two or more runs (experiment=spread),
-    each run's median and (max - min) / min, so a reader knows which differences are noise."""
-    df = frame(records)
-    ok = df[df["status"] == "ok"]
-    runs = ok.pivot_table(index=["label", "variant"], columns="run", values="median_ms")
-    runs = runs[runs.notna().sum(axis=1) >= 2]
-    if runs.empty:
+    """Run-to-run spread: each (workload, variant) measured two or more times by the same code (runs of
+    experiment=spread, or a sweep that measured it again), each measurement's median and
+    (max - min) / min, so a reader knows which differences are noise. Per (workload, variant), the newest
+    commit measured more than once."""
+    rows = [{"label": label(r.workload, r.mode, r.batch, r.size), "variant": r.variant, "tp": r.tp,
+             "commit": r.env.get("git_commit", "")[:7], "date": r.env.get("date", ""), "median_ms": r.median_ms}
+            for r in records if r.status == "ok" and r.median_ms is not None]
+    if not rows:
         return ""
-    table = runs.rename(columns=lambda r: f"run {r} ms")
-    table["spread %"] = 100 * (runs.max(axis=1) - runs.min(axis=1)) / runs.min(axis=1)
-    table.index = [f"{label} / {variant}" for label, variant in table.index]
-    return ("\n### Run-to-run spread\n\nThe same workload and variant measured again by fresh processes "
-            f"(median of each run); over these, the spread is {table['spread %'].median():.3g} % at the median "
-            f"and {table['spread %'].max():.3g} % at most.\n\n" + _markdown(table, ".3g") + "\n")
+    df = pd.DataFrame(rows).sort_values("date")
+    df = df[df["tp"] == 1]
+    repeated = df.groupby(["label", "variant", "commit"]).filter(lambda g: len(g) >= 2)
+    if repeated.empty:
+        return ""
+    commit = repeated.groupby(["label", "variant"])["commit"].last()  # rows oldest first: the newest
+    kept = repeated.join(commit.rename("newest"), on=["label", "variant"]).query("commit == newest")
+    kept = kept.assign(n=kept.groupby(["label", "variant"]).cumcount() + 1)
+    medians = kept.pivot_table(index=["label", "variant"], columns="n", values="median_ms")
+    table = medians.rename(columns=lambda n: f"#{n} ms")
+    table["spread %"] = 100 * (medians.max(axis=1) - medians.min(axis=1)) / medians.min(axis=1)
+    table["commit"] = commit.reindex(table.index)
+    table.index = [f"{lab} / {variant}" for lab, variant in table.index]
+    return ("\n### Run-to-run spread\n\nThe same workload, variant and code measured again by fresh processes "
+            f"(median of each measurement, oldest first); over these, the spread is {table['spread %'].median():.3g} % "
+            f"at the median and {table['spread %'].max():.3g} % at most.\n\n"
+            + _markdown(table, ".3g") + "\n")
 
 
 def splice(text: str, into: Path) -> None:

@@ -81,13 +81,21 @@ def test_splice_needs_markers(tmp_path):
 def test_spread_reports_runs_measured_twice():
     from tests.test_records import make
 
-    records = [make("pt2_cg", run=0, median_ms=2.0), make("pt2_cg", run=1, median_ms=2.2),
-               make("inductor", run=0, median_ms=5.0)]  # measured once: not in the table
+    def at(date, commit="abc1234"):
+        return {"git_commit": commit, "date": f"2026-11-30T{date}"}
+
+    records = [make("pt2_cg", run=0, median_ms=2.0, env=at("01")), make("pt2_cg", run=1, median_ms=2.2, env=at("02")),
+               make("inductor", run=0, median_ms=5.0, env=at("01")),  # measured once: not in the table
+               # grace: measured twice by older code, then twice again (a sweep that ran it again): the newest
+               # code's measurements count
+               make("grace", median_ms=1.0, env=at("01", "old0000")), make("grace", median_ms=3.0, env=at("02", "old0000")),
+               make("grace", median_ms=1.5, env=at("03")), make("grace", median_ms=1.2, env=at("04"))]
     text = report.spread(records)
-    rows = [line for line in text.splitlines() if line.startswith("| mlp")]
-    assert rows == ["| mlp eval b8 tiny / pt2_cg |          2 |        2.2 |         10 |"]
-    assert "spread is 10 % at the median" in text
-    assert report.spread(records[2:]) == ""
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| mlp")]
+    assert rows == [["mlp eval b8 tiny / grace", "1.5", "1.2", "25", "abc1234"],
+                    ["mlp eval b8 tiny / pt2_cg", "2", "2.2", "10", "abc1234"]]
+    assert "spread is 17.5 % at the median" in text
+    assert report.spread(records[2:3]) == ""
 
 
 def test_kernel_diff_puts_the_largest_difference_first():
