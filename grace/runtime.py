@@ -49,6 +49,9 @@ MOVES_BEFORE_COPY = 3  # a static input (not mutated) that moved this often is c
 KEEP = 4  # recordings kept per set of sizes (in-place addresses that alternate, twins)
 TWINS = 2  # recordings per set of sizes and in-place addresses: one may be replayed while the other's outputs are held
 ALIGNMENT = 16  # bytes: Inductor's kernels assume inputs this aligned
+LIBRARY_ALIGNMENT = 256  # bytes: the most alignment PyTorch tells cuBLAS its operands have (cuBLASLt
+                         # picks a kernel that may rely on it), so PI reads an input in place only when it
+                         # is as aligned as its placeholder was at capture, up to this
 JITTER_FACTOR = 4  # PI's check: reading inputs in place may change an output by this many times the
                    # graph's own replay-to-replay difference (0 for a deterministic graph: bitwise equal)
 
@@ -148,6 +151,11 @@ def _expanded_dims(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(d for d in range(t.dim()) if t.stride(d) == 0 and t.size(d) > 1)
 
 
+def _alignment(address: int) -> int:
+    """The largest power of two, up to LIBRARY_ALIGNMENT, that divides `address`."""
+    return min(address & -address, LIBRARY_ALIGNMENT) if address else LIBRARY_ALIGNMENT
+
+
 def _narrow(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     """`t` with one element along each of `dims`: for an expanded tensor, the part that holds data."""
     if not dims:
@@ -165,6 +173,7 @@ class _Recording:
         self.placeholders = [torch.empty_strided(args[i].size(), args[i].stride(), dtype=args[i].dtype,
                                                  device=args[i].device) for i in copied]
         self.fills = [_narrow(p, self.expanded.get(i, ())) for i, p in zip(copied, self.placeholders)]
+        self.alignments = [_alignment(p.data_ptr()) for p in self.placeholders]
         graph_args = list(args)
         for i, p in zip(copied, self.placeholders):
             graph_args[i] = p
@@ -198,11 +207,12 @@ class _Recording:
 
     def _point(self, args: list) -> None:
         """PI's replay path: the graph reads each served input where it lies; an input whose layout is
-        not the recorded one (misaligned, other strides) and every unserved input is copied."""
+        not the recorded one (less aligned than its placeholder, other strides) and every unserved input
+        is copied."""
         served, ptrs, dst, src = self.indirection.inputs, {}, [], []
-        for i, p, fill in zip(self.copied, self.placeholders, self.fills):
+        for i, p, fill, alignment in zip(self.copied, self.placeholders, self.fills, self.alignments):
             a = args[i]
-            if i in served and a.data_ptr() % ALIGNMENT == 0 and a.stride() == p.stride():
+            if i in served and a.data_ptr() % alignment == 0 and a.stride() == p.stride():
                 ptrs[i] = a.data_ptr()
             else:
                 dst.append(fill), src.append(_narrow(a, self.expanded.get(i, ())))

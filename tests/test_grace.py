@@ -245,6 +245,28 @@ def test_pi_check_allows_a_graphs_own_noise_and_catches_a_reader_left_on_the_pla
         assert stats.pi_reasons[-1].startswith("PI: the graph reading inputs in place disagreed with the graph on copies")
 
 
+def test_pi_copies_an_input_less_aligned_than_its_placeholder(cpu_graphs, monkeypatch):
+    """Library kernels are picked for the operands' alignment at capture (cuBLASLt is told up to 256
+    bytes): an input less aligned than its placeholder was is copied for that call, not read in place."""
+    part, stats, live = _repointable_part(monkeypatch)
+    w = torch.full((4,), 2.0)
+    for _ in range(3):
+        (y,) = part([live(torch.randn(4)), w])
+        del y
+    (recording,) = part.recordings[()]
+    placeholder = recording.placeholders[0]
+    x = live(torch.randn(8)[4:])  # 16 bytes past an allocation's start: enough for Inductor, not for all
+    assert runtime._alignment(x.data_ptr()) == 16 < runtime._alignment(placeholder.data_ptr())
+    (y,) = part([x, w])
+    torch.testing.assert_close(y, x * w + 1)
+    assert recording.indirection.graph.reads[0] is placeholder  # the copy was read
+    del y
+    x = live(torch.randn(4))
+    (y,) = part([x, w])
+    assert recording.indirection.graph.reads[0] is x and stats.pi_inputs == 1
+    assert runtime._alignment(0x1000) == 256 and runtime._alignment(0x1010) == 16
+
+
 @pytest.mark.parametrize("fastest", ["graph", "graph_pi", "eager"])
 def test_scg_chooses_among_no_graph_copies_and_pi(cpu_graphs, monkeypatch, fastest):
     monkeypatch.setattr(runtime, "timer", lambda name, run: (run(), 1.0 if name == fastest else 2.0)[1])
