@@ -298,7 +298,16 @@ class _Recording:
             if i in indirection.inputs:
                 fill.fill_(_poison(fill.dtype))
         self.indirection = indirection
-        self._point(args)  # the replay path itself: served inputs read in place, the rest copied
+        # The replay path itself: served inputs read in place, the rest copied. A served input less
+        # aligned than its placeholder (a view at an offset) would be copied: the check reads a copy of
+        # it from fresh memory instead, so that every served input is read in place once.
+        check_args = list(args)
+        for i, p, alignment in zip(self.copied, self.placeholders, self.alignments):
+            if i in indirection.inputs and args[i].data_ptr() % alignment:
+                dims = self.expanded.get(i, ())
+                check_args[i] = torch.empty_strided(p.size(), p.stride(), dtype=p.dtype, device=p.device)
+                _narrow(check_args[i], dims).copy_(_narrow(args[i], dims))
+        self._point(check_args)
         self._replay()
         off = [_difference(t, r) for t, r in zip(self.tensors, reference)]
         snapshot.restore()

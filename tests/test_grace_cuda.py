@@ -190,6 +190,23 @@ def test_pi_copies_an_input_whose_layout_differs_and_stays_right():
 
 
 @torch.no_grad()
+def test_pi_checks_in_place_reading_when_recorded_on_a_view_at_an_offset():
+    """Recorded on an input 16 bytes past an allocation (less aligned than its placeholder, so copied on
+    replay), PI's check reads an aligned copy of it in place; later aligned inputs are read in place."""
+    torch.compiler.reset()
+    compiled = torch.compile(matmul_relu, backend="grace", options={"pi": True, "cgct": False})
+    w = torch.randn(128, 32, device="cuda")
+    for _ in range(4):
+        x = torch.randn(64 * 128 + 4, device="cuda")[4:].view(64, 128)
+        assert x.data_ptr() % 256 == 16
+        torch.testing.assert_close(compiled(x, w), matmul_relu(x, w))
+    (stats,) = grace.REPORTS[-1].partitions
+    assert stats.pi_inputs == 2 and stats.copy_bytes_per_replay == 0, (stats, stats.pi_reasons)
+    x = torch.randn(64, 128, device="cuda")
+    torch.testing.assert_close(compiled(x, w), matmul_relu(x, w))
+
+
+@torch.no_grad()
 def test_pi_with_inputs_that_alias_each_other():
     torch.compiler.reset()
     f = lambda a, b: a * 2 + b  # noqa: E731
