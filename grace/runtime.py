@@ -320,6 +320,7 @@ class _Recording:
             o, j = max(bad)
             return reasons + [f"PI: the graph reading inputs in place disagreed with the graph on copies (an "
                               f"output off by {o:.3g}; two replays on copies differ by {j:.3g})"]
+        self._point(args)  # off the check's copies, which are freed now, onto this call's inputs
         return reasons
 
     def replay(self, args: list) -> Any:
