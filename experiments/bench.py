@@ -6,8 +6,6 @@ alternates between them round by round.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +21,7 @@ from experiments.task import Task
 from experiments.timing import launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
 import grace
-from grace.torch_adapter import collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats
+from grace.torch_adapter import collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats, pytree
 
 
 @dataclass(frozen=True)
@@ -68,13 +66,9 @@ class Setup:
 
 
 class Bench:
-    def __init__(self, spec: Spec, rank: int = 0, twins_lock=None):
-        """`rank`: this process's rank in a tensor-parallel workload (spec.tp > 1, experiments/tp_bench.py).
-        `twins_lock`: held while the numerics check's twins (an eager copy and a float64 one) live, so that
-        variants set up side by side take turns with that memory (a float64 training step is the largest
-        allocation of a setup)."""
+    def __init__(self, spec: Spec, rank: int = 0):
+        """`rank`: this process's rank in a tensor-parallel workload (spec.tp > 1, experiments/tp_bench.py)."""
         self.spec, self.rank = spec, rank
-        self.twins_lock = twins_lock or contextlib.nullcontext()
         self.device = torch.device(spec.device, rank) if spec.device == "cuda" and spec.tp > 1 else torch.device(spec.device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
@@ -85,16 +79,31 @@ class Bench:
     def _step(self) -> Any:
         return self.task.step(self.fn)
 
-    def setup(self) -> Setup:
+    def _task(self) -> Task:
         spec = self.spec
-        workload = workloads.get(spec.workload)(spec.mode, spec.batch, spec.size, spec.device)
-        self.task = Task(workload, spec.seed)
+        return Task(workloads.get(spec.workload)(spec.mode, spec.batch, spec.size, spec.device), spec.seed)
+
+    def reference(self, path: str) -> None:
+        """The numerics check's yardsticks, once per workload, before any variant is set up (the sweep
+        runs this alone: the float64 copy of a training workload is the largest allocation of all): the
+        first step of the task as built, in eager, in its compute dtype and in float64; both observations
+        go to `path`, on the host."""
+        task = self._task()
+        ref = task.twin(torch.float64)
+        observed = {"eager": task.observe(task.model), "float64": ref.observe(ref.model)}
+        torch.save(pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, observed), path)
+
+    def setup(self, reference: str) -> Setup:
+        """Build, compile (the first step), warm up, then check numerics: the task rewound to its initial
+        state takes one step through the variant, compared with the reference's (Bench.reference)."""
+        spec = self.spec
+        self.task = self._task()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        twins = None
-        if spec.tp > 1:  # the reference is the whole model (TP1); this rank then keeps its slice
-            twins = self.task.twin(), self.task.twin(torch.float64)
+        if spec.tp > 1:  # this rank keeps its slice of the model; the reference is the whole model (TP1)
             tp.parallelize(spec.workload, self.task.model, self.rank, spec.tp, dist.group.WORLD)
+        self.task.keep_initial()
+        workload = self.task.workload
         self.fn = spec.variant.apply(self.task.model)
         t0 = time.perf_counter()
         self._step()
@@ -104,16 +113,11 @@ class Bench:
             self._step()
         synchronize(self.device)
         t2 = time.perf_counter()
-        with self.twins_lock:
-            # The twins are copied before the checked step, since a train step changes the state.
-            eager, ref = twins or (self.task.twin(), self.task.twin(torch.float64))
-            eager.calls = ref.calls = self.task.calls  # the same input set as the checked step
-            numerics = check(self.task.observe(self.fn), eager.observe(eager.model), ref.observe(ref.model),
-                             self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
-            del eager, ref, twins
-            if self.device.type == "cuda":  # the twins' memory back to the GPU, for the variants beside
-                gc.collect()
-                torch.cuda.empty_cache()
+        self.task.rewind()
+        observed = self.task.observe(self.fn)
+        yardsticks = torch.load(reference, weights_only=False)  # written by Bench.reference in this sweep
+        numerics = check(observed, yardsticks["eager"], yardsticks["float64"], self.task.compute_dtype,
+                         spec.tolerance_floor, spec.tolerance_multiplier)
         return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
 
     def time_round(self, iters: int, launches: int) -> Round:

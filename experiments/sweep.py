@@ -1,7 +1,9 @@
 """Run an experiment: every selected workload against every selected variant, interleaved, recorded.
 
-Per workload, each variant to measure gets its own worker process (set up one at a time, so compile
-latencies do not overlap). Then `rounds` rounds: in each, every variant runs `iters` timed iterations in
+Per workload, a worker of its own first takes the numerics reference (the first step in eager, in the
+compute dtype and in float64, written to a file); then each variant to measure gets its own worker
+process (set up one at a time, so compile latencies do not overlap), whose setup checks one step
+against that reference. Then `rounds` rounds: in each, every variant runs `iters` timed iterations in
 turn, the order rotating from round to round, so that a slow moment of the host is shared out. Then each
 variant is profiled, and one record per variant is appended. Anything already recorded as final is
 skipped (unless forced), so an interrupted sweep resumes where it stopped; `shard` splits the workload
@@ -12,12 +14,12 @@ stops starting new workloads in time.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +100,6 @@ class Sweep:
         self.store = RecordStore(records_path(cfg, self.env))
         self._appended: set[str] = set()
         self.session = uuid.uuid4().hex[:12]
-        self.twins_lock = mp.get_context("spawn").Lock()  # numerics twins: one worker at a time (Bench)
 
     def run(self) -> Path:
         start = time.monotonic()
@@ -172,7 +173,10 @@ class Sweep:
         self._appended = set()  # variants of this workload recorded so far
         start = time.monotonic()
         try:
-            self._set_up(entry, run, available, workers)
+            with tempfile.TemporaryDirectory(prefix="grace-reference-") as folder:
+                reference = self._reference(entry, run, available, os.path.join(folder, "reference.pt"))
+                if reference is not None:
+                    self._set_up(entry, run, available, workers, reference)
             rounds = self._time_rounds(entry, run, workers)
             baseline_rounds = rounds[self.cfg.baseline] if self.cfg.baseline in workers else None
             for name, (v, worker, setup) in workers.items():
@@ -194,21 +198,35 @@ class Sweep:
             for _, worker, _ in workers.values():
                 worker.close()
 
-    def _set_up(self, entry: Entry, run: int, variants: list[Variant], workers: dict) -> None:
+    def _reference(self, entry: Entry, run: int, variants: list[Variant], path: str) -> str | None:
+        """The numerics reference of this workload (Bench.reference), in a worker of its own before any
+        variant's: `path`, or None (each variant then recorded as failed, with the reason)."""
+        if not variants:
+            return None
+        spec = replace(self._spec(entry, variants[0]), tp=1)  # the whole model, eager
+        worker = Worker(spec, self.measure.timeout_s)
+        try:
+            worker.call("reference", path)
+            return path
+        except WorkerError as e:
+            for v in variants:
+                self._unmeasured(entry, run, v, "failed", f"numerics reference: {e}")
+            return None
+        finally:
+            worker.close()
+
+    def _set_up(self, entry: Entry, run: int, variants: list[Variant], workers: dict, reference: str) -> None:
         """Start a worker per variant and set it up, adding those that succeed to `workers`: one after
         another, so that compile latencies do not overlap, or all at once (measure.parallel_setup). A
-        variant that ran out of GPU memory while others set up beside it (training workloads with their
-        float64 reference: eight at once exceed an H200) is set up again on its own afterwards."""
+        variant that ran out of GPU memory while others set up beside it is set up again on its own
+        afterwards."""
         m = self.measure
         groups = [variants] if m.parallel_setup else [[v] for v in variants]
         while groups:
             group = groups.pop(0)
-            # Training twins (a float64 model, its gradients and optimizer state) take turns; eval ones
-            # are small enough to overlap, and waiting on them would add to every workload's setup.
-            lock = self.twins_lock if entry.mode == "train" else None
-            started = [(v, Worker(self._spec(entry, v), m.timeout_s, lock)) for v in group]
+            started = [(v, Worker(self._spec(entry, v), m.timeout_s)) for v in group]
             for _, worker in started:
-                worker.request("setup")
+                worker.request("setup", reference)
             for v, worker in started:
                 try:
                     workers[v.name] = (v, worker, worker.reply())

@@ -62,6 +62,29 @@ class Task:
         self.optimizer.step()
         return loss.detach()
 
+    def _changeable(self) -> list[torch.Tensor]:
+        """What steps may change: the inputs (a workload may mutate them, a KV cache say), and in train
+        mode the weights and buffers."""
+        inputs = [t for t in pytree.tree_leaves(self.input_sets) if isinstance(t, torch.Tensor)]
+        if self.optimizer is None:
+            return inputs
+        return inputs + list(self.model.parameters()) + list(self.model.buffers())
+
+    def keep_initial(self) -> None:
+        """Remember the state as it is now (on the host), for rewind()."""
+        self.initial = [t.detach().to("cpu", copy=True) for t in self._changeable()]
+
+    def rewind(self) -> None:
+        """Back to the state keep_initial() saw, in place (the same tensors, so that graphs captured on
+        them stay valid): inputs, weights and buffers, the optimizer without state (as built), and the
+        first input set next. The numerics check then compares one step with the reference's first."""
+        with torch.no_grad():
+            for live, saved in zip(self._changeable(), self.initial, strict=True):
+                live.copy_(saved)
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
+        self.calls = 0
+
     def observe(self, fn: Callable) -> dict[str, Any]:
         """One step, and copies of what numerics compares, by part: eval the outputs; train the loss and
         the gradients that the step applied, apart, so that a well-conditioned loss is held to its own

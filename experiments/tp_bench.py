@@ -54,8 +54,8 @@ class TPBench(Bench):
         dist.broadcast_object_list([method, args], src=0)
         return getattr(super(), method)(*args)
 
-    def setup(self):
-        return self._everywhere("setup")
+    def setup(self, reference: str):
+        return self._everywhere("setup", reference)
 
     def time_round(self, iters: int, launches: int):
         return self._everywhere("time_round", iters, launches)

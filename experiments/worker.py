@@ -19,12 +19,12 @@ class WorkerError(RuntimeError):
     pass
 
 
-def _serve(conn, spec: Spec, twins_lock) -> None:
+def _serve(conn, spec: Spec) -> None:
     with tempfile.TemporaryDirectory(prefix="grace-caches-") as caches:
         # Cold, private compile caches: compile latency is not flattered by another variant's artifacts.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
         os.environ["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
-        bench = TPBench(spec) if spec.tp > 1 else Bench(spec, twins_lock=twins_lock)
+        bench = TPBench(spec) if spec.tp > 1 else Bench(spec)
         while True:
             try:
                 method, args = conn.recv()
@@ -41,12 +41,11 @@ def _serve(conn, spec: Spec, twins_lock) -> None:
 
 
 class Worker:
-    def __init__(self, spec: Spec, timeout_s: float, twins_lock=None):
-        """`twins_lock`: a lock of the spawn context, shared by the workers set up side by side (Bench)."""
+    def __init__(self, spec: Spec, timeout_s: float):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         # Not a daemon: Inductor starts compile subprocesses of its own.
-        self._proc = ctx.Process(target=_serve, args=(child, spec, twins_lock), name=f"bench-{spec.workload}-{spec.variant.name}")
+        self._proc = ctx.Process(target=_serve, args=(child, spec), name=f"bench-{spec.workload}-{spec.variant.name}")
         self._proc.start()
         child.close()
         self.timeout_s = timeout_s

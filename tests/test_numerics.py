@@ -6,6 +6,7 @@ import torch
 from experiments.numerics import check, compare
 from experiments.task import Task
 from experiments.workloads import get
+from grace.torch_adapter import pytree
 
 FLOORS = {"bfloat16": 1e-2, "float32": 1e-5}
 
@@ -81,3 +82,25 @@ def test_integer_outputs_judged_by_eager_share_where_eager_itself_flips():
     assert compare(flips(3), eager, ref, torch.float32, FLOORS, 3.0).passed  # 30 % <= 3 x 10 %
     bad = compare(flips(4), eager, ref, torch.float32, FLOORS, 3.0)
     assert not bad.passed and "40.0% differ" in bad.detail
+
+
+@pytest.mark.parametrize("workload,mode", [("mlp", "train"), ("kv_decode", "eval")])
+def test_a_rewound_task_takes_the_first_step_again(workload, mode):
+    """The check's step starts where the reference's did: weights, optimizer state and inputs (a KV cache
+    the model writes) back as built, in the same tensors."""
+    task = Task(get(workload)(mode, size="tiny"), seed=0)
+    task.keep_initial()
+    first = task.observe(task.model)
+    tensors = task._changeable()
+    for _ in range(3):
+        task.step(task.model)
+    with torch.no_grad():  # whatever a step may change (this KV cache step writes the same slot again)
+        for t in tensors:
+            if t.is_floating_point():
+                t.add_(1)
+    task.rewind()
+    assert all(a is b for a, b in zip(task._changeable(), tensors))
+    again = task.observe(task.model)
+    for part in first:
+        for a, b in zip(pytree.tree_leaves(first[part]), pytree.tree_leaves(again[part])):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -146,8 +146,8 @@ def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, m
     setups = []
 
     class Crowded(sweep_module.Worker):  # the first setup of `eager` fails, as beside seven others on a GPU
-        def __init__(self, spec, timeout_s, twins_lock):
-            super().__init__(spec, timeout_s, twins_lock)
+        def __init__(self, spec, timeout_s):
+            super().__init__(spec, timeout_s)
             self.variant = spec.variant.name
 
         def reply(self):
@@ -167,6 +167,19 @@ def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, m
     else:  # any other failure is recorded at once
         assert setups == ["eager", "inductor"]
         assert (recs["eager"].status, recs["eager"].reason) == ("failed", error)
+
+
+def test_a_failed_numerics_reference_fails_every_variant_with_its_reason(make_cfg, monkeypatch):
+    class NoReference(sweep_module.Worker):
+        def call(self, method, *args):
+            if method == "reference":
+                raise WorkerError("reference: OutOfMemoryError: CUDA out of memory")
+            return super().call(method, *args)
+
+    monkeypatch.setattr(sweep_module, "Worker", NoReference)
+    recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]").store)
+    assert {v: (r.status, r.reason) for v, r in recs.items()} == {
+        v: ("failed", "numerics reference: reference: OutOfMemoryError: CUDA out of memory") for v in ("eager", "inductor")}
 
 
 def test_an_interrupted_workload_is_recorded_as_such_and_measured_on_resume(make_cfg, monkeypatch):
