@@ -2,7 +2,8 @@
 # One call on the GPU machine: the CUDA tests, the host-cost benchmarks if asked, then an experiment that
 # stops starting workloads after a time budget (rerun to resume). Everything to commit lands in $OUT
 # (at most 8 files come back): cuda_tests.log, <experiment>.log, <experiment>_records.jsonl, and with
-# BENCH=1 replay.jsonl, sizes.jsonl and pi_nodes.txt.
+# BENCH=1 replay.jsonl, sizes.jsonl and pi_nodes.txt; with SHARDS=2 also <experiment>_b.log and
+# cuda_tests_tp.log (the two-GPU tests, run first on both GPUs).
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
@@ -25,6 +26,10 @@ mkdir -p "$out"
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python3 -c "import hydra" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 if [ "${SHARDS:-1}" = 2 ]; then
+  if [ "${TESTS:-1}" = 1 ]; then  # the two-GPU tests first, while both GPUs are free
+    python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_tp_cuda.py 2>&1 | grep -v '^USDT' > "$out/cuda_tests_tp.log"
+    tail -1 "$out/cuda_tests_tp.log"
+  fi
   half=$(( $(nproc) / 2 ))
   export LIMIT=$(( ${LIMIT:-570} - SECONDS ))
   claims=$(mktemp -d /tmp/claims-XXXXXX)
