@@ -59,18 +59,24 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
                                            *ENV_COLUMNS])
     df["label"] = [label(r.workload, r.mode, r.batch, r.size) for r in df.itertuples()]
+    df["paper"] = [acronym(r.workload, r.mode, r.batch, r.size) is not None for r in df.itertuples()]
     return df
+
+
+def acronym(workload: str, mode: str, batch: int, size: str) -> str | None:
+    """The paper's acronym where the record is that workload as the paper ran it, else None."""
+    try:
+        cls = workloads.get(workload)
+    except workloads.UnknownWorkload:
+        return None
+    name = cls.acronyms.get(mode)
+    return name if name and size == "full" and batch == cls.batch_sizes.get(mode) else None
 
 
 def label(workload: str, mode: str, batch: int, size: str) -> str:
     """The paper's acronym where the record is that workload as the paper ran it, else a description."""
-    try:
-        cls = workloads.get(workload)
-    except workloads.UnknownWorkload:
-        cls = None
-    acronym = cls.acronyms.get(mode) if cls else None
-    if acronym and size == "full" and batch == cls.batch_sizes[mode]:
-        return acronym
+    if paper := acronym(workload, mode, batch, size):
+        return paper
     tiny = " tiny" if size == "tiny" else ""
     return f"{workload} {mode} b{batch}{tiny}"
 

@@ -68,7 +68,7 @@ def test_make_figures_script(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- results:begin -->\nold\n<!-- results:end -->\nafter\n")
     assert make_figures.main(["--results", str(tmp_path / "results"), "--out", str(out), "--readme", str(readme)]) == 0
-    assert "old" not in readme.read_text() and "geomean speedup" in readme.read_text()
+    assert "\nold\n" not in readme.read_text() and "| a eval b1" in readme.read_text()
     assert readme.read_text().endswith("<!-- results:end -->\nafter\n")
     assert {p.name for p in out.iterdir()} >= {f"{n}.{e}" for n in ("fig9_speedup", "fig10_ablation", "table2_coverage",
                                                                       "table3_copy_bytes") for e in ("pdf", "png", "csv")} | {
