@@ -65,6 +65,14 @@ class Setup:
     numerics: Numerics
 
 
+def capture_out_of_memory() -> str | None:
+    """Why the grace backend left a partition of this process without a CUDA graph, if it was a capture
+    that ran out of GPU memory (a condition of the machine, other workers beside this one, not of GraCE's
+    choosing: the sweep sets such a variant up again on its own)."""
+    return next((s.reason for g in grace.REPORTS for s in g.partitions
+                 if s.reason and "OutOfMemoryError" in s.reason), None)
+
+
 class Bench:
     def __init__(self, spec: Spec, rank: int = 0):
         """`rank`: this process's rank in a tensor-parallel workload (spec.tp > 1, experiments/tp_bench.py)."""
@@ -113,12 +121,23 @@ class Bench:
             self._step()
         synchronize(self.device)
         t2 = time.perf_counter()
+        if oom := capture_out_of_memory():  # a grace variant that would be measured without its graphs
+            raise torch.OutOfMemoryError(f"GraCE left a partition without a CUDA graph: {oom}")
         self.task.rewind()
         observed = self.task.observe(self.fn)
         yardsticks = torch.load(reference, weights_only=False)  # written by Bench.reference in this sweep
         numerics = check(observed, yardsticks["eager"], yardsticks["float64"], self.task.compute_dtype,
                          spec.tolerance_floor, spec.tolerance_multiplier)
+        self._release()
         return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
+
+    def _release(self) -> None:
+        """Give the allocator's cached blocks back to the device, between requests: every variant of a
+        workload has a worker on the one GPU, and one's cache is memory the others cannot have (8 training
+        workers each keeping its peak ran GraCE's captures out of memory on the H200). CUDA-graph pools
+        stay; the next round's untimed step pays for allocating again."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def time_round(self, iters: int, launches: int) -> Round:
         """One untimed step first: a process that sat idle while others ran pays for cold caches on its
@@ -129,10 +148,14 @@ class Bench:
             every = [None] * self.spec.tp
             dist.all_gather_object(every, times)
             times = [max(t) for t in zip(*every)]
-        return Round(times, launch_cost_us(self.device, launches), sm_clock_mhz(self.device))
+        result = Round(times, launch_cost_us(self.device, launches), sm_clock_mhz(self.device))
+        self._release()
+        return result
 
     def profile(self, iters: int) -> KernelStats:
-        return profile_iterations(self._step, iters, self.device)
+        kernels = profile_iterations(self._step, iters, self.device)
+        self._release()
+        return kernels
 
     def diagnostics(self) -> Diagnostics:
         """Called after profiling; for a grace variant it runs one more step to count what it replays."""

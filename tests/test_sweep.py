@@ -212,3 +212,25 @@ def test_a_variant_with_its_own_dynamo_settings_traces_what_stock_dynamo_skips(m
     assert stock.status == "ok" and scalars.status == "ok" and scalars.numerics.passed, scalars.reason
     assert stock.unique_graphs == 0 and any("frame skipped" in r for r in stock.graph_break_reasons)
     assert scalars.unique_graphs >= 1 and not any("frame skipped" in r for r in scalars.graph_break_reasons)
+
+
+def test_a_capture_out_of_memory_fails_the_setup_as_an_out_of_memory(tmp_path, monkeypatch):
+    """GraCE runs a partition whose capture ran out of GPU memory without its graph (never the user's
+    problem); the harness would then measure a variant without its graphs. Its setup fails instead, as
+    out of memory, so the sweep sets it up again on its own (the test above)."""
+    import grace
+    from experiments.bench import Bench, Spec
+    from experiments.variants import Variant
+    from grace.backend import GraphReport, Options
+    from grace.runtime import Stats
+
+    spec = Spec("mlp", "eval", None, "tiny", Variant("eager"), "cpu", 0, 1, {"bfloat16": 1e-2, "float32": 1e-5}, 3.0)
+    reference = str(tmp_path / "reference.pt")
+    Bench(spec).reference(reference)
+    assert Bench(spec).setup(reference).numerics.passed
+    oom = "capture failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB."
+    monkeypatch.setattr(grace, "REPORTS", [GraphReport(0, Options(), partitions=[
+        Stats(0, False, 0), Stats(0, True, 1, status="eager", reason=oom)])])
+    with pytest.raises(torch.OutOfMemoryError, match="GraCE left a partition without a CUDA graph: capture failed") as e:
+        Bench(spec).setup(reference)
+    assert sweep_module._out_of_memory(f"setup: {type(e.value).__name__}: {e.value}")
