@@ -16,11 +16,12 @@ A partition's life, per set of sizes (one, unless shapes are dynamic):
              the previous output during the next call: a second recording (a twin, with its own
              memory) then takes turns with the first. In-place inputs that alternate (two KV caches)
              get a recording each; KEEP recordings per set of sizes are kept, the oldest dropped.
-             A static input that is not written and keeps moving (MOVES_BEFORE_COPY times: in a
-             backward graph, activations that code outside graphs makes anew) is copied from then on.
+             An in-place input that keeps moving (MOVES_BEFORE_COPY times: in a backward graph,
+             activations that code outside graphs makes anew; outputs of a graph upstream that records
+             again) is copied from then on, and copied back after each replay if the partition writes it.
 Anything else is handled without a graph, the reason kept in the partition's Stats: capture fails
-(a synchronising op), inputs it writes keep moving (more than MAX_RERECORDS recordings at sizes already
-recorded: the partition gives up its graphs), the outputs of both twins still held (a caller collecting
+(a synchronising op), recordings that keep being made (more than MAX_RERECORDS at sizes already
+recorded, twins and alternating addresses included: the partition gives up its graphs), the outputs of both twins still held (a caller collecting
 outputs in a list: that call runs without the graph), more than MAX_SIZES sets of sizes (Mask R-CNN's
 proposal counts: new ones run without a graph, those recorded keep theirs). The limits are those of
 stock graph trees (inductor.config.triton.cudagraph_unexpected_rerecord_limit), or tighter.
@@ -184,6 +185,8 @@ class _Recording:
         captured = capture(fn, graph_args)
         self._replay, self.outputs, self.nodes, self.graph = captured.replay, captured.outputs, captured.nodes, captured.graph
         self.mutated = mutated
+        # A copied input the partition writes (one that kept moving) is copied back after each replay.
+        self.written = [(i, p) for i, p in zip(copied, self.placeholders) if i in mutated]
         self.indirection: pi.Indirection | None = None
         # Outputs in memory the graph writes (its pool, or a placeholder) are protected from being replayed
         # over while held; an output that is an in-place input passed through (a parameter saved for
@@ -277,8 +280,10 @@ class _Recording:
         returned = {t.untyped_storage().data_ptr() for t in self.tensors}
         reasons = [f"PI: input {i}: returned as an output (saved for backward), so copied"
                    for i, p in zip(self.copied, self.placeholders) if p.untyped_storage().data_ptr() in returned]
+        written = {i for i, _ in self.written}
+        reasons += [f"PI: input {i}: written by the partition, so copied in and back" for i in sorted(written)]
         ranges = {i: (p.data_ptr(), p.untyped_storage().nbytes()) for i, p in zip(self.copied, self.placeholders)
-                  if p.untyped_storage().data_ptr() not in returned}
+                  if p.untyped_storage().data_ptr() not in returned and i not in written}
         if not ranges:
             return reasons
         try:
@@ -333,8 +338,11 @@ class _Recording:
             self._point(args)
         elif self.copied:
             self._copy(args)
+        written = [args[i] for i, _ in self.written]
         args.clear()
         self._replay()
+        if written:
+            torch._foreach_copy_(written, [p for _, p in self.written])
         return list(self.outputs) if isinstance(self.outputs, list) else self.outputs  # callers may empty a list
 
 
@@ -371,18 +379,26 @@ class PartitionGraph:
         """A new recording, or why there can be none."""
         if self.recordings[key]:
             if self.rerecords >= MAX_RERECORDS:
-                return f"more than {MAX_RERECORDS} recordings at sizes already recorded (in-place inputs keep moving)"
+                moved = sorted(self.moves)
+                return (f"more than {MAX_RERECORDS} recordings at sizes already recorded (in-place inputs keep "
+                        f"moving: inputs {moved}, of which written by the partition: "
+                        f"{[i for i in moved if i in self.partition.mutated]})")
             self.rerecords += 1
             last = self.recordings[key][-1]
             for i in last.in_place:
-                if i not in self.partition.mutated and args[i].data_ptr() != last.ptrs[i]:
+                if args[i].data_ptr() != last.ptrs[i]:
                     self.moves[i] = self.moves.get(i, 0) + 1
-        moving = {i for i, n in self.moves.items() if n >= MOVES_BEFORE_COPY}
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != DEVICE_TYPE for i in tensors):
             return "a partition input is a CPU tensor (a graph would freeze its value): CGCT moves these"
-        in_place = [i for i in tensors if (i in self.partition.static and i not in moving)
-                    or i in self.partition.mutated or args[i].data_ptr() in _OUTPUTS]
+        # An input that kept moving is copied from then on, whatever kept it in place: otherwise every
+        # move is a recording, and a chain of partitions multiplies them (each new recording upstream
+        # moves the outputs that the next partition reads in place). One the partition writes is copied
+        # back after each replay; unless expanded (stride 0: a copy back cannot write it).
+        moving = {i for i, n in self.moves.items() if n >= MOVES_BEFORE_COPY
+                  and not (i in self.partition.mutated and _expanded_dims(args[i]))}
+        in_place = [i for i in tensors if i not in moving and (
+            i in self.partition.static or i in self.partition.mutated or args[i].data_ptr() in _OUTPUTS)]
         copied = [i for i in tensors if i not in in_place]
         if any(args[i].data_ptr() % ALIGNMENT for i in in_place if i in self.partition.mutated):
             return "an input mutated in place is not 16-byte aligned"

@@ -6,6 +6,7 @@ import math
 import operator
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -356,14 +357,55 @@ def test_in_place_inputs_that_alternate_keep_a_recording_each(cpu_graphs):
     assert stats.recordings == 2 and stats.replays == 7 and stats.status == "captured"
 
 
-def test_runtime_gives_up_when_in_place_inputs_keep_moving(cpu_graphs):
-    part, stats = _part(_partition_fn([]), mutated={1})  # an input it writes must be read in place
+def _add_one_then_scale(args):
+    """A partition that writes its second input: w += 1, then x * w."""
+    x, w = args
+    args.clear()
+    w.add_(1)
+    return (x * w,)
+
+
+def test_a_written_input_that_keeps_moving_is_copied_in_and_back(cpu_graphs):
+    """An input the partition writes is read in place, so it is recorded again where it moved; once it
+    kept moving, it gets a placeholder instead, and each replay's writes are copied back into it."""
+    part, stats = _part(_add_one_then_scale, mutated={1})
+    x = torch.randn(4)
+    for i in range(12):
+        w = torch.full((4,), float(i))  # somewhere else every call
+        (y,) = part([x, w])
+        torch.testing.assert_close(w, torch.full((4,), i + 1.0))  # written, as eager would
+        torch.testing.assert_close(y, x * (i + 1))
+        del y
+    assert stats.status == "captured" and stats.moving_inputs == 1
+    assert stats.recordings == 1 + runtime.MOVES_BEFORE_COPY and stats.replays == 11
+
+
+def test_an_upstream_graphs_output_that_keeps_moving_is_copied(cpu_graphs, monkeypatch):
+    """Another graph's output is read in place; when it keeps moving (each recording upstream has its
+    own outputs, and a chain of partitions multiplied the recordings) it is copied from then on."""
+    monkeypatch.setattr(runtime, "_OUTPUTS", weakref.WeakValueDictionary())
+    part, stats = _part(_partition_fn([]))
+    w = torch.full((4,), 2.0)
+    for i in range(12):
+        x = torch.randn(4)
+        runtime._OUTPUTS[x.data_ptr()] = x  # as if a graph upstream had made it
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.status == "captured" and stats.recordings == 1 + runtime.MOVES_BEFORE_COPY and stats.replays == 11
+
+
+def test_runtime_gives_up_when_recordings_keep_being_made(cpu_graphs, monkeypatch):
+    monkeypatch.setattr(runtime, "MOVES_BEFORE_COPY", 10**6)  # in-place inputs never copied instead
+    part, stats = _part(_add_one_then_scale, mutated={1})
     x = torch.randn(4)
     for i in range(runtime.MAX_RERECORDS + 4):
-        (y,) = part([x, torch.full((4,), float(i))])  # and it moves every call
-        torch.testing.assert_close(y, x * i + 1)
+        w = torch.full((4,), float(i))
+        (y,) = part([x, w])  # it moves every call
+        torch.testing.assert_close(y, x * (i + 1))
         del y
     assert stats.status == "eager" and f"more than {runtime.MAX_RERECORDS} recordings" in stats.reason
+    assert "inputs [1], of which written by the partition: [1]" in stats.reason
     assert stats.recordings == runtime.MAX_RERECORDS + 1 and not part.recordings  # every graph let go
 
 
