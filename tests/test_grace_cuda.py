@@ -67,6 +67,25 @@ def test_an_input_mutated_in_place_is_captured_in_place():
     assert stats and all(s.status == "captured" and s.replays >= 4 for s in stats), stats
 
 
+@pytest.mark.parametrize("options", [{}, {"pi": True}])
+def test_a_mutated_input_that_moves_every_call_is_copied_in_and_back(options):
+    """A new cache every call: recorded in place three times, then copied in and copied back."""
+    torch.compiler.reset()
+    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    compiled = torch.compile(decode_step, backend="grace", options=options)
+    caches = []  # all kept: each call's cache lies somewhere new
+    for step in range(8):
+        cache = torch.randn(4, 8, device="cuda")
+        caches.append(cache)
+        eager_cache, x = cache.clone(), torch.randn(4, 1, device="cuda")
+        pos.fill_(step)
+        torch.testing.assert_close(compiled(cache, x, pos), decode_step(eager_cache, x, pos))
+        torch.testing.assert_close(cache, eager_cache)
+    stats = grace.REPORTS[-1].partitions
+    assert stats and all(s.status == "captured" and s.moving_inputs == 1 for s in stats), stats
+    assert sum(s.replays for s in stats) >= 4
+
+
 @torch.no_grad()
 def test_outputs_still_held_are_not_overwritten_by_the_next_call():
     torch.compiler.reset()  # a graph of its own: Dynamo would reuse an earlier test's for the same module type
