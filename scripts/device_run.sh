@@ -7,6 +7,7 @@
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
+#   TESTS=0 MULTIRUN=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh tp 300 tp=2,1   # a Hydra multirun
 #   SHARDS=2 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 420 force=2026-11-30T10:30
 #     (two GPUs, a sweep on each, GPU 0 with the tests and benchmarks first: each takes the next workload
 #     the other has not claimed (claims=<folder>), pinned to half of the cores (CPUS, taskset) so that one
@@ -25,9 +26,15 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python3 -c "import hydra" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+pin=${CPUS:+taskset -c $CPUS}
+# Every step runs under what is left of LIMIT (a step that would start with under 20 s left is not
+# started): on the first call of a session the CUDA tests alone took 8.5 min on the two-GPU kind, and a
+# benchmark started after them ran past the call's limit, losing every file of the call.
+left() { echo $(( ${LIMIT:-570} - SECONDS )); }
+step() { [ "$(left)" -gt 20 ] && timeout -s INT -k 10 "$(left)" $pin "$@"; }
 if [ "${SHARDS:-1}" = 2 ]; then
   if [ "${TESTS:-1}" = 1 ]; then  # the two-GPU tests first, while both GPUs are free
-    python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_tp_cuda.py 2>&1 | grep -v '^USDT' > "$out/cuda_tests_tp.log"
+    step python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_tp_cuda.py 2>&1 | grep -v '^USDT' > "$out/cuda_tests_tp.log"
     tail -1 "$out/cuda_tests_tp.log"
   fi
   half=$(( $(nproc) / 2 ))
@@ -42,20 +49,18 @@ if [ "${SHARDS:-1}" = 2 ]; then
   cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
   exit 0
 fi
-pin=${CPUS:+taskset -c $CPUS}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
 if [ "${TESTS:-1}" = 1 ]; then
-  $pin python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
+  step python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
   tail -3 "$out/cuda_tests.log"
 fi
 if [ "${BENCH:-0}" = 1 ]; then
-  $pin python3 scripts/replay_overhead.py 2>&1 | tail -4
-  $pin python3 scripts/pi_microbench.py 2>&1 | tail -9
-  $pin python3 scripts/pi_nodes.py > "$out/pi_nodes.txt" 2>&1
+  step python3 scripts/replay_overhead.py 2>&1 | tail -4
+  step python3 scripts/pi_microbench.py 2>&1 | tail -9
+  step python3 scripts/pi_nodes.py > "$out/pi_nodes.txt" 2>&1
   cp results/replay_overhead/*/replay.jsonl results/pi_microbench/*/sizes.jsonl "$out/" 2>/dev/null
 fi
-timeout -s INT -k 10 $(( ${LIMIT:-570} - SECONDS )) \
-  $pin python3 run.py experiment="$experiment" budget_s="$budget" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
+step python3 run.py ${MULTIRUN:+-m} experiment="$experiment" budget_s="$budget" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
 tail -5 "$out/$experiment.log"
 cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
 ls "$out"
