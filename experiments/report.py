@@ -125,6 +125,11 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
     else:
         lines.append(f"- Benefit ratio of {last} over {first}: not measurable yet (no paper workload has both).")
     lines.append(_scg_agreement(records))
+    starved = df[(df["status"] == "ok") & df["not_captured"].str.contains("OutOfMemoryError", na=False)]
+    if len(starved):
+        lines.append("- Measured with partitions left without graphs because a capture ran out of GPU memory (beside "
+                     "the other variants' workers; a sweep now sets such a variant up again on its own): "
+                     + ", ".join(f"{w} ({', '.join(g['variant'])})" for w, g in starved.groupby("label")) + ".")
     lines.append(f"- Measured on {_values(used, 'gpu')}, driver {_values(used, 'driver')}, torch "
                  f"{_values(used, 'torch')}, triton {_values(used, 'triton')}, commits {_values(used, 'git_commit')}, "
                  f"between {used['date'].min()} and {used['date'].max()}.")

@@ -36,6 +36,14 @@ def test_summary_numbers():
     # benefit ratio over ALNET and TKE: (6 - 1) / (sqrt(6) - 1)
     assert f"over the 2 paper workloads with both: {(6 - 1) / (math.sqrt(6) - 1):.3g} (the paper reports more than 2)" in text
     assert "NVIDIA H200" in text
+    assert "capture ran out of GPU memory" not in text
+
+
+def test_summary_names_variants_measured_after_a_capture_ran_out_of_memory():
+    starved = rec("a", "grace", 1.0)
+    starved.grace = {"not_captured": ["capture failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB"]}
+    text = report.summary([r for r in RECORDS if (r.workload, r.variant) != ("a", "grace")] + [starved])
+    assert "a capture ran out of GPU memory" in text and ": a eval b1 (grace)." in text
 
 
 def test_summary_names_where_grace_misses_the_better_stock_choice():
