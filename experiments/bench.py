@@ -15,8 +15,9 @@ import torch.distributed as dist
 
 from experiments import tp, workloads
 from experiments.numerics import check
+from experiments.host_profile import profile_host
 from experiments.profiling import profile_iterations
-from experiments.records import KernelStats, Numerics
+from experiments.records import HostStats, KernelStats, Numerics
 from experiments.task import Task
 from experiments.timing import launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
@@ -156,6 +157,11 @@ class Bench:
         kernels = profile_iterations(self._step, iters, self.device)
         self._release()
         return kernels
+
+    def profile_host(self, iters: int) -> HostStats:
+        host = profile_host(self._step, iters, lambda: synchronize(self.device))
+        self._release()
+        return host
 
     def diagnostics(self) -> Diagnostics:
         """Called after profiling; for a grace variant it runs one more step to count what it replays."""

@@ -54,6 +54,15 @@ class KernelStats:
 
 
 @dataclass
+class HostStats:
+    """From cProfile over `iters` iterations (experiments/host_profile.py), per iteration, in us."""
+
+    iters: int
+    groups: dict[str, float]  # own time by part of the stack (grace, Inductor's generated code, ...)
+    top: list[dict[str, Any]] = field(default_factory=list)  # functions: function, group, calls, us
+
+
+@dataclass
 class Record:
     experiment: str
     session: str  # id shared by the variants measured together, interleaved, in one job
@@ -77,6 +86,7 @@ class Record:
     launch_us: list[float] = field(default_factory=list)  # host cost of one tiny launch, per round
     sm_clock_mhz: list[float | None] = field(default_factory=list)  # SM clock after each round
     kernels: KernelStats | None = None
+    host: HostStats | None = None  # where the host's time went (cProfile), by part of the stack
     peak_mem_mb: float | None = None
     cudagraph_skips: int | None = None  # times Inductor decided against CUDA graphs (its own counter)
     cudagraph_skip_reasons: list[str] = field(default_factory=list)  # what it logged, each reason once
@@ -104,6 +114,8 @@ class Record:
         d = dict(d)
         if d.get("kernels") is not None:
             d["kernels"] = KernelStats(**d["kernels"])
+        if d.get("host") is not None:
+            d["host"] = HostStats(**d["host"])
         if d.get("numerics") is not None:
             d["numerics"] = Numerics(**d["numerics"])
         return cls(**d)

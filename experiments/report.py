@@ -229,10 +229,20 @@ def splice(text: str, into: Path) -> None:
     into.write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{text}{README_END}", doc))
 
 
+def _diff(rows: dict[tuple, dict[str, float]], columns: list[str], a: str, b: str) -> str:
+    """A markdown table of per-row numbers of a and b (rows keyed by `columns`) and b - a, the largest
+    differences first; a row one side lacks shows empty there."""
+    table = pd.DataFrame([{**dict(zip(columns, k)), a: t.get(a), b: t.get(b)} for k, t in rows.items()])
+    table[f"{b} - {a}"] = table[b].fillna(0) - table[a].fillna(0)
+    table = table.reindex(table[f"{b} - {a}"].abs().sort_values(ascending=False).index)
+    return table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".1f", missingval="")
+
+
 def kernel_diff(records: Iterable[Record], workload: str, a: str, b: str) -> str:
     """Where two variants of one workload (its label: the paper's acronym, or "name mode bN") spend their
-    GPU time differently, from the top device activities their latest records keep: per activity (and
-    inside or outside a graph), us per iteration in each and b - a, the largest differences first."""
+    time differently, from their latest records: on the GPU, per top device activity (inside or outside
+    a graph), us per iteration; on the host, where both records have it, per part of the stack
+    (experiments/host_profile.py). The largest differences first."""
     newest = {r.variant: r for r in latest(records).values()
               if label(r.workload, r.mode, r.batch, r.size) == workload and r.tp == 1 and r.run == 0}
     missing = [v for v in (a, b) if v not in newest or not (newest[v].kernels and newest[v].kernels.top)]
@@ -242,15 +252,17 @@ def kernel_diff(records: Iterable[Record], workload: str, a: str, b: str) -> str
     for v in (a, b):
         for k in newest[v].kernels.top:
             rows.setdefault((k["name"], k["in_graph"]), {})[v] = k["us"]
-    table = pd.DataFrame([{"activity": name, "in graph": in_graph, a: t.get(a), b: t.get(b)}
-                          for (name, in_graph), t in rows.items()])
-    table[f"{b} - {a}"] = table[b].fillna(0) - table[a].fillna(0)
-    table = table.reindex(table[f"{b} - {a}"].abs().sort_values(ascending=False).index)
     ka, kb = newest[a].kernels, newest[b].kernels
-    return (f"{workload}: median {newest[a].median_ms:.3f} ms ({a}) against {newest[b].median_ms:.3f} ms ({b}); "
+    text = (f"{workload}: median {newest[a].median_ms:.3f} ms ({a}) against {newest[b].median_ms:.3f} ms ({b}); "
             f"GPU time {ka.gpu_kernel_ms:.3f} against {kb.gpu_kernel_ms:.3f} ms per iteration "
             f"(commits {newest[a].env.get('git_commit', '?')[:7]}, {newest[b].env.get('git_commit', '?')[:7]}). "
             f"Activities outside each record's top {len(ka.top)} show as empty.\n\n"
-            + table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".1f", missingval="")
-            + "\n")
-
+            + _diff(rows, ["activity", "in graph"], a, b) + "\n")
+    if newest[a].host and newest[b].host:
+        groups = {}
+        for v in (a, b):
+            for g, us in newest[v].host.groups.items():
+                groups.setdefault((g,), {})[v] = us
+        text += ("\nHost time by part of the stack (cProfile, us per iteration, inflated by the profiler alike):\n\n"
+                 + _diff(groups, ["host"], a, b) + "\n")
+    return text

@@ -182,12 +182,13 @@ class Sweep:
             for name, (v, worker, setup) in workers.items():
                 try:
                     kernels = worker.call("profile", m.profile_iters)
+                    host = worker.call("profile_host", m.profile_iters)
                     diagnostics = worker.call("diagnostics")
                 except WorkerError as e:
                     self._unmeasured(entry, run, v, "failed", str(e))
                     continue
                 self._append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds,
-                                            kernels=kernels, **asdict(diagnostics)))
+                                            kernels=kernels, host=host, **asdict(diagnostics)))
         except KeyboardInterrupt:  # stopped from outside (a time limit): say so in a record, retried later
             for v in available:
                 if v.name not in self._appended:

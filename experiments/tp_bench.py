@@ -63,6 +63,9 @@ class TPBench(Bench):
     def profile(self, iters: int):
         return self._everywhere("profile", iters)
 
+    def profile_host(self, iters: int):
+        return self._everywhere("profile_host", iters)
+
     def diagnostics(self):
         return self._everywhere("diagnostics")
 

@@ -100,6 +100,7 @@ import torch._inductor.output_code as _output_code  # noqa: E402
 import torch._inductor.utils as _inductor_utils  # noqa: E402
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner  # noqa: E402, F401
 from torch._inductor.custom_graph_pass import CustomGraphPass as _CustomGraphPass  # noqa: E402
+from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir  # noqa: E402, F401  (where generated code lies)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
-"""Where two variants of one workload spend their GPU time differently, from committed records (each
-keeps its top device activities by time, experiments/profiling.py): a markdown table, largest
-differences first. Runs anywhere, no GPU needed.
+"""Where two variants of one workload spend their time differently, from committed records (each keeps
+its top device activities by time, experiments/profiling.py, and where the host's time went by part of
+the stack, experiments/host_profile.py): markdown tables, largest differences first. Runs anywhere, no
+GPU needed.
 
     python scripts/kernel_diff.py MTCG-T pt2_cg runtime
     python scripts/kernel_diff.py "kv_decode eval b8" inductor grace --records results/full/nvidia-h200/records.jsonl

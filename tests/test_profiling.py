@@ -74,3 +74,23 @@ def test_dynamo_stats_say_why_a_frame_runs_eager():
     torch.compile(decode, backend="eager")(torch.zeros(2))
     stats = dynamo_stats()
     assert any("item()" in r and r.endswith("frame skipped, runs eager") for r in stats["graph_break_reasons"]), stats
+
+
+def test_host_profile_charges_time_to_the_part_of_the_stack_that_spent_it():
+    """Eager spends no time in Inductor's generated code; a compiled step does, and Dynamo's guards run;
+    C functions (the ops) count for the Python that called them, so groups add up to the profiled time."""
+    from experiments import workloads
+    from experiments.host_profile import profile_host
+    from experiments.task import Task
+
+    task = Task(workloads.get("mlp")("train", None, "tiny", "cpu"), 0)
+    compiled = torch.compile(task.model)
+    for _ in range(2):
+        task.step(compiled)
+    eager, inductor = (profile_host(lambda: task.step(fn), 3, lambda: None) for fn in (task.model, compiled))
+    assert eager.iters == 3 and "inductor generated code" not in eager.groups
+    assert inductor.groups["inductor generated code"] > 0 and inductor.groups["dynamo and aot autograd"] > 0
+    assert eager.groups["autograd and optimizer"] > 0
+    us = [row["us"] for row in inductor.top]
+    assert us == sorted(us, reverse=True) and len(us) == 12
+    assert any(row["group"] == "C, charged to its callers" for row in inductor.top)

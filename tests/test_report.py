@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from experiments import report
+from experiments.records import HostStats
 from tests.test_figures import RECORDS, rec
 
 
@@ -128,3 +129,9 @@ def test_kernel_diff_puts_the_largest_difference_first():
                     ["gemm", "True", "100.0", "101.0", "1.0"]]
     assert "median 2.000 ms (pt2_cg) against 2.500 ms (runtime)" in text
     assert report.kernel_diff([a], "a eval b1", "pt2_cg", "runtime") == "a eval b1: no kernel table recorded for runtime.\n"
+    assert "Host time" not in text  # neither record has it
+    a.host = HostStats(10, {"grace": 5.0, "inductor generated code": 300.0})
+    b.host = HostStats(10, {"grace": 1500.0, "inductor generated code": 310.0})
+    host = report.kernel_diff([a, b], "a eval b1", "pt2_cg", "runtime").split("Host time")[1]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in host.splitlines() if line.startswith("| ")][1:]
+    assert rows == [["grace", "5.0", "1500.0", "1495.0"], ["inductor generated code", "300.0", "310.0", "10.0"]]

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from experiments import stats
+from experiments import host_profile, stats
 from experiments.records import RecordStore
 from experiments import sweep as sweep_module
 from experiments.sweep import ConfigError, Sweep
@@ -38,6 +38,7 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
         assert r.p25_ms <= r.median_ms <= r.p75_ms
         assert len(r.launch_us) == 2 and all(x > 0 for x in r.launch_us)
         assert r.compile_s > 0 and r.kernels.iters == 2
+        assert r.host.iters == 2 and (host_profile.GENERATED in r.host.groups) == (name != "eager")
         assert r.env["torch"] == torch.__version__ and r.env["git_commit"]
         assert r.batch == 8 and r.size == "tiny"
         assert r.graph_breaks == 0 and r.unique_graphs == (0 if name == "eager" else 1)
