@@ -2,7 +2,7 @@ import dataclasses
 import json
 import multiprocessing as mp
 
-from experiments.records import KernelStats, Numerics, Record, RecordStore
+from experiments.records import HostStats, KernelStats, Numerics, Record, RecordStore
 
 
 def make(variant="inductor", status="ok", run=0, **fields) -> Record:
@@ -14,7 +14,8 @@ def full() -> Record:
     """A record with every field set to something other than its default."""
     return make(reason="r", tp=2, compile_s=1.5, warmup_s=0.5, iter_ms=[[1.0, 2.0], [3.0, 4.0]], median_ms=2.5, p25_ms=1.75,
                 p75_ms=3.25, baseline="inductor", round_ratios=[0.9, 1.1], launch_us=[7.0, 8.0],
-                sm_clock_mhz=[1980.0, None], kernels=KernelStats(10, 0.2, 12.0, 1.0, 1.0, 4096.0, [{"name": "k", "in_graph": True, "launches": 1.0, "us": 2.0}]), peak_mem_mb=12.0,
+                sm_clock_mhz=[1980.0, None], kernels=KernelStats(10, 0.2, 12.0, 1.0, 1.0, 4096.0, [{"name": "k", "in_graph": True, "launches": 1.0, "us": 2.0}]),
+                host=HostStats(10, {"grace": 3.0}, [{"function": "f", "group": "grace", "calls": 1.0, "us": 3.0}]), peak_mem_mb=12.0,
                 cudagraph_skips=1, cudagraph_skip_reasons=["skipping cudagraphs due to mutated inputs"],
                 graph_breaks=2, unique_graphs=3, graph_break_reasons=["Unsupported Tensor.item() call -> frame skipped, runs eager"],
                 numerics=Numerics(True, 1e-3, 2e-3, 1e-3, 1.3e-2, "bfloat16", "d", "loss"),
