@@ -53,6 +53,11 @@ class Costs:
     pi_copies: int = 0  # tensors still copied per replay with PI
 
 
+EAGER_LAUNCH_FACTOR = 2.7  # an Inductor kernel run without a graph costs the host this many calibrated
+                           # launches (launch_us: a tiny aten op): Triton's launcher, the buffers the
+                           # partition allocates. The median over the 17 host-bound partitions SCG timed
+                           # on the H200 (records of 47dca8b-decff01: 1.1x to 8x); with it, the model
+                           # would have picked what the timing did in 50 of those 72 decisions, not 34
 PATCH_US = 2.0  # host cost of re-pointing one kernel node: the target (DESIGN.md measured 1.5 us per
                 # cuGraphExecKernelNodeSetParams on the H200), counted as if the inputs moved every call
 
@@ -89,7 +94,8 @@ class Decision:
 
 def predict(c: Costs) -> dict[str, float]:
     """Time per call of each candidate: the host's work or the GPU's, whichever is longer (the host
-    queues launches ahead of the GPU). Without a graph the host launches every kernel; with one it
+    queues launches ahead of the GPU). Without a graph the host launches every kernel (as Inductor's
+    generated code does: EAGER_LAUNCH_FACTOR calibrated launches each); with one it
     replays, launches the copies (one launch for all) and, with PI, re-points its nodes, and the GPU
     copies the bytes (at the device's copy bandwidth) before the graph's kernels run."""
 
@@ -97,7 +103,8 @@ def predict(c: Costs) -> dict[str, float]:
         return max(c.replay_us + (c.launch_us if copies else 0.0) + patched * PATCH_US,
                    c.gpu_us + (copy_bytes / c.copy_bytes_per_us if copies else 0.0))
 
-    predicted = {"graph": graph(c.copy_bytes, c.copies, 0), "eager": max(c.kernels * c.launch_us, c.gpu_us)}
+    predicted = {"graph": graph(c.copy_bytes, c.copies, 0),
+                 "eager": max(c.kernels * c.launch_us * EAGER_LAUNCH_FACTOR, c.gpu_us)}
     if c.patched_nodes:
         predicted["graph_pi"] = graph(c.pi_copy_bytes, c.pi_copies, c.patched_nodes)
     return predicted

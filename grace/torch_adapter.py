@@ -190,6 +190,11 @@ def device_types(compiled) -> set[str]:
     return set(getattr(compiled, "device_types", ()) or ())
 
 
+def gpu_spin(cycles: int) -> None:
+    """A kernel that spins `cycles` GPU clock cycles, keeping the device busy while the host queues work."""
+    torch.cuda._sleep(cycles)
+
+
 def data_ptrs_equal(tensors: list, ptrs: list[int | None], idxs: list[int]) -> bool:
     """tensors[i].data_ptr() == ptrs[i] for each i in idxs, in one C++ call (what graph trees use);
     ptrs is as long as tensors."""

@@ -583,8 +583,9 @@ def _costs(kernels, copy_bytes=0, copies=0, gpu_us=0.0):
 def test_cost_model_is_clear_where_one_side_wins_by_far_and_measures_otherwise():
     assert scg.clear(scg.predict(_costs(50))) == "graph"  # 500 us of launches against one 15 us replay
     assert scg.clear(scg.predict(_costs(1, copy_bytes=12_582_912, copies=3))) == "eager"  # EOS: copies cost more
-    assert scg.predict(_costs(2)) == {"graph": 15.0, "eager": 20.0}
-    assert scg.clear(scg.predict(_costs(2))) is None  # 25 % apart: too close to call without timing
+    assert scg.predict(_costs(2)) == {"graph": 15.0, "eager": 2 * 10.0 * scg.EAGER_LAUNCH_FACTOR}
+    assert scg.predict(_costs(2, gpu_us=50.0)) == {"graph": 50.0, "eager": 54.0}
+    assert scg.clear(scg.predict(_costs(2, gpu_us=50.0))) is None  # 7 % apart: too close to call without timing
     # GPU-bound (DR-I: 11 kernels, 560 us of GPU work): launches hide behind the GPU either way, and a
     # graph adds its 291 MB input copy to the GPU's time
     assert scg.predict(_costs(11, gpu_us=560.0)) == {"graph": 560.0, "eager": 560.0}
@@ -592,15 +593,15 @@ def test_cost_model_is_clear_where_one_side_wins_by_far_and_measures_otherwise()
         {"graph": 560.0 + 291_110_912 / 2000.0, "eager": 560.0})
     # with PI: a third candidate, without the copy but with a driver call per re-pointed node
     with_pi = dataclasses.replace(_costs(2, copy_bytes=4096, copies=1), patched_nodes=2)
-    assert scg.predict(with_pi) == pytest.approx({"graph": 25.0, "eager": 20.0, "graph_pi": 19.0})
-    assert scg.clear(scg.predict(with_pi)) is None  # 19 against 20
+    assert scg.predict(with_pi) == pytest.approx({"graph": 25.0, "eager": 54.0, "graph_pi": 19.0})
+    assert scg.clear(scg.predict(with_pi)) is None  # 19 against 25
     assert scg.clear(scg.predict(dataclasses.replace(with_pi, kernels=40, copy_bytes=200_000))) == "graph_pi"
 
 
 def test_decision_measures_when_unclear_and_says_whether_the_model_agreed():
     timed = []
     fake = {"graph": iter([90.0, 30.0, 35.0]), "eager": iter([10.0, 50.0, 12.0])}  # a cold first graph round
-    d = scg.decide(_costs(2), {"graph": lambda: None, "eager": lambda: None},
+    d = scg.decide(_costs(2, gpu_us=50.0), {"graph": lambda: None, "eager": lambda: None},
                    lambda name, run: timed.append(name) or next(fake[name]), Snapshot([]))
     assert timed == ["graph", "eager", "eager", "graph", "graph", "eager"]  # in turn, the order rotating
     assert d.choice == "eager" and d.measured_us == {"graph": 30.0, "eager": 10.0}
@@ -609,8 +610,8 @@ def test_decision_measures_when_unclear_and_says_whether_the_model_agreed():
     # a machine that drifts across rounds: each round slower, the candidates compared within each
     drift = {"graph": iter([6830.0, 9888.0, 12631.0]), "graph_pi": iter([8510.0, 8817.0, 11623.0]),
              "eager": iter([13096.0, 14257.0, 15032.0])}
-    with_pi = dataclasses.replace(_costs(751, copy_bytes=2**30, copies=3, gpu_us=5824.0), launch_us=9.0,
-                                  patched_nodes=2)
+    with_pi = dataclasses.replace(_costs(751, copy_bytes=2**30, copies=3, gpu_us=5824.0), launch_us=3.0,
+                                  patched_nodes=2)  # a fast host: eager's launches about the GPU's time
     d = scg.decide(with_pi, dict.fromkeys(drift, lambda: None), lambda name, run: next(drift[name]), Snapshot([]))
     assert d.choice == "graph_pi" and d.measured_us["graph"] < d.measured_us["graph_pi"] and d.agreed is True
     # rounds split one each: the timing cannot tell, and the model's favourite is taken

@@ -133,6 +133,21 @@ def eos_like(a, b, c):
     return (a * b + c).sin() * a - b / (c.abs() + 1)
 
 
+def test_scg_reads_a_graphs_gpu_time_without_the_hosts_launch_gaps():
+    """Ten tiny kernels: their GPU time is a few microseconds each, far below what the host takes to
+    launch them one by one; timed from an idle GPU, a replay read several times more."""
+    from grace import calibrate
+
+    x = torch.zeros(1, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            x.add_(1)
+    gpu = calibrate.device_us(graph.replay)
+    host = calibrate.per_call_us(lambda: [x.add_(1) for _ in range(10)], 20, torch.device("cuda"))
+    assert 0 < gpu < host / 2, (gpu, host)
+
+
 @torch.no_grad()
 def test_scg_declines_a_graph_whose_input_copies_cost_more_than_its_launches():
     torch.compiler.reset()
