@@ -175,9 +175,12 @@ class Sweep:
         try:
             with tempfile.TemporaryDirectory(prefix="grace-reference-") as folder:
                 reference = self._reference(entry, run, available, os.path.join(folder, "reference.pt"))
+                log.info("%s: numerics reference after %.0f s", entry.name, time.monotonic() - start)
                 if reference is not None:
                     self._set_up(entry, run, available, workers, reference)
+            log.info("%s: %d variants set up after %.0f s", entry.name, len(workers), time.monotonic() - start)
             rounds = self._time_rounds(entry, run, workers)
+            log.info("%s: timed after %.0f s", entry.name, time.monotonic() - start)
             baseline_rounds = rounds[self.cfg.baseline] if self.cfg.baseline in workers else None
             for name, (v, worker, setup) in workers.items():
                 try:
