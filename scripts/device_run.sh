@@ -34,7 +34,7 @@ left() { echo $(( ${LIMIT:-570} - SECONDS )); }
 step() { [ "$(left)" -gt 20 ] && timeout -s INT -k 10 "$(left)" $pin "$@"; }
 if [ "${SHARDS:-1}" = 2 ]; then
   if [ "${TESTS:-1}" = 1 ]; then  # the two-GPU tests first, while both GPUs are free
-    step python3 -m pytest -q -m cuda -p no:cacheprovider tests/test_tp_cuda.py 2>&1 | grep -v '^USDT' > "$out/cuda_tests_tp.log"
+    step python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 tests/test_tp_cuda.py 2>&1 | grep -v '^USDT' > "$out/cuda_tests_tp.log"
     tail -1 "$out/cuda_tests_tp.log"
   fi
   half=$(( $(nproc) / 2 ))
@@ -51,7 +51,7 @@ if [ "${SHARDS:-1}" = 2 ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
 if [ "${TESTS:-1}" = 1 ]; then
-  step python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
+  step python3 -m pytest -q -m cuda -p no:cacheprovider --durations=12 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
   tail -3 "$out/cuda_tests.log"
 fi
 if [ "${BENCH:-0}" = 1 ]; then
