@@ -130,6 +130,9 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
         lines.append("- Measured with partitions left without graphs because a capture ran out of GPU memory (beside "
                      "the other variants' workers; a sweep now sets such a variant up again on its own): "
                      + ", ".join(f"{w} ({', '.join(g['variant'])})" for w, g in starved.groupby("label")) + ".")
+    by_commit = used.assign(commit=used["git_commit"].fillna("unknown").str[:7]).groupby("commit")["label"]
+    lines.append("- Code each workload's records ran: " + "; ".join(
+        f"{commit}: {', '.join(sorted(set(labels)))}" for commit, labels in by_commit) + ".")
     lines.append(f"- Measured on {_values(used, 'gpu')}, driver {_values(used, 'driver')}, torch "
                  f"{_values(used, 'torch')}, triton {_values(used, 'triton')}, commits {_values(used, 'git_commit')}, "
                  f"between {used['date'].min()} and {used['date'].max()}.")

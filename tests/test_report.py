@@ -38,6 +38,7 @@ def test_summary_numbers():
     assert f"over the 2 paper workloads with both: {(6 - 1) / (math.sqrt(6) - 1):.3g} (the paper reports more than 2)" in text
     assert "NVIDIA H200" in text
     assert "capture ran out of GPU memory" not in text
+    assert "- Code each workload's records ran: unknown: ALNET, EOS, TKE, mlp eval b1." in text
 
 
 def test_summary_names_variants_measured_after_a_capture_ran_out_of_memory():
