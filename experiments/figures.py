@@ -112,7 +112,9 @@ def _save(fig, data: pd.DataFrame, out: Path, name: str, index_label: str = "wor
     out.mkdir(parents=True, exist_ok=True)
     data.to_csv(out / f"{name}.csv", index_label=index_label)
     for ext in ("pdf", "png"):
-        fig.savefig(out / f"{name}.{ext}", bbox_inches="tight", dpi=150)
+        # no creation date in a PDF: figures regenerated from the same records are the same bytes
+        fig.savefig(out / f"{name}.{ext}", bbox_inches="tight", dpi=150,
+                    metadata={"CreationDate": None} if ext == "pdf" else None)
     plt.close(fig)
     return out / f"{name}.png"
 

@@ -115,3 +115,10 @@ def test_fig11_from_tensor_parallel_records(tmp_path):
              dataclasses.replace(make("grace", median_ms=2.0), workload="resnet18")]
     tp_figure(records + other, tmp_path)
     assert (tmp_path / "fig11_tp.csv").read_text().splitlines() == lines
+
+
+def test_a_figure_drawn_again_from_the_same_records_is_the_same_bytes(tmp_path):
+    for out in ("one", "two"):
+        figures.speedup_figure(RECORDS, tmp_path / out, ["pt2_cg", "grace"], "fig9")
+    for ext in ("pdf", "png", "csv"):
+        assert (tmp_path / "one" / f"fig9.{ext}").read_bytes() == (tmp_path / "two" / f"fig9.{ext}").read_bytes()
