@@ -206,12 +206,13 @@ def storage_handles(tensors: list[torch.Tensor]) -> list[int]:
     return [t.untyped_storage()._cdata for t in tensors]
 
 
-def references(tensors: list[torch.Tensor], storages: list[int]) -> list[tuple[int, int, int]]:
-    """Per tensor (Python references, TensorImpl references, storage references): if any grows, some
-    other code holds the tensor, its impl (autograd's saved tensors) or a view of its storage. Always
-    call it the same way: the counts include this function's own references."""
-    use_count = torch._C._storage_Use_Count
-    return [(_sys.getrefcount(t), t._use_count(), use_count(s)) for t, s in zip(tensors, storages)]
+def references(tensors: list[torch.Tensor], storages: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Python references, TensorImpl references and storage references, each a list over the tensors: if
+    any grows, some other code holds the tensor, its impl (autograd's saved tensors) or a view of its
+    storage. Always call it the same way: the counts include this function's own references. (Three
+    maps over C functions: a graph may have thousands of outputs, and this runs on every call.)"""
+    return (list(map(_sys.getrefcount, tensors)), list(map(torch.Tensor._use_count, tensors)),
+            list(map(torch._C._storage_Use_Count, storages)))
 
 
 def has_internal_overlap(t: torch.Tensor) -> bool:
