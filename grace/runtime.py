@@ -170,7 +170,8 @@ def _narrow(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
 
 
 class _Recording:
-    def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int], mutated: list[int]):
+    def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int], mutated: list[int],
+                 fresh_outputs: bool = False):
         self.in_place, self.copied = in_place, copied
         self.ptrs = [args[i].data_ptr() if i in in_place else None for i in range(len(args))]
         # An expanded input (stride 0 along some dims, as stock graph trees meet in training graphs) gets
@@ -194,6 +195,12 @@ class _Recording:
         callers = {args[i].untyped_storage().data_ptr() for i in in_place}
         outputs = self.outputs if isinstance(self.outputs, (list, tuple)) else ()
         self.tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in callers]
+        # fresh_outputs (a backward graph's): each replay returns new tensor objects over the graph's output
+        # memory, not the ones kept here. Autograd takes a parameter's first gradient as it is only when
+        # nobody else holds that tensor; else it clones it (a copy and a launch per parameter, each step).
+        # A returned tensor still held shows in its storage's count (outputs_alive).
+        owned = {id(t) for t in self.tensors}
+        self.fresh = [isinstance(t, torch.Tensor) and id(t) in owned for t in outputs] if fresh_outputs and outputs else None
         self.storages = adapter.storage_handles(self.tensors)
         self.baseline = adapter.references(self.tensors, self.storages)
         _OUTPUTS.update({t.data_ptr(): t for t in self.tensors})
@@ -343,6 +350,9 @@ class _Recording:
         self._replay()
         if written:
             torch._foreach_copy_(written, [p for _, p in self.written])
+        if self.fresh is not None:
+            outputs = [t.detach() if fresh else t for t, fresh in zip(self.outputs, self.fresh)]
+            return outputs if isinstance(self.outputs, list) else tuple(outputs)
         return list(self.outputs) if isinstance(self.outputs, list) else self.outputs  # callers may empty a list
 
 
@@ -405,7 +415,8 @@ class PartitionGraph:
         if any(adapter.has_internal_overlap(_narrow(args[i], _expanded_dims(args[i]))) for i in copied):
             return "an input has overlapping memory other than expanded dims: it cannot get a placeholder"
         try:
-            recording = _Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated))
+            recording = _Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated),
+                                   fresh_outputs=self.stats.backward)
         except Exception as e:  # capture failed (a synchronising op, say): never the user's problem
             return f"capture failed: {_error(e)}"
         s = self.stats
