@@ -45,8 +45,9 @@ log = logging.getLogger("grace")
 
 MAX_SIZES = 64  # sets of sizes a partition records (dynamic shapes); further ones run without a graph
 MAX_RERECORDS = 32  # recordings at sizes already recorded (in-place inputs moved, twins), over its life
-MOVES_BEFORE_COPY = 3  # a static input (not mutated) that moved this often is copied from then on: in a
-                       # backward graph, inputs produced by code outside graphs are static yet move each call
+MOVES_BEFORE_COPY = 3  # an in-place input that moved this often at one set of sizes is copied from then on,
+                       # at all sizes (in a backward graph, inputs made by code outside graphs are static yet
+                       # move each call); moves at different sizes (twins upstream, per size) do not add up
 KEEP = 4  # recordings kept per set of sizes (in-place addresses that alternate, twins)
 TWINS = 2  # recordings per set of sizes and in-place addresses: one may be replayed while the other's outputs are held
 ALIGNMENT = 16  # bytes: Inductor's kernels assume inputs this aligned
@@ -365,7 +366,7 @@ class PartitionGraph:
         self.selective, self.indirect = selective, indirect  # SCG, PI
         self.recordings: dict[tuple, list[_Recording]] = {}  # by the values of its size arguments, oldest first
         self.rerecords = 0
-        self.moves: dict[int, int] = {}  # static input -> times it had moved when recorded again
+        self.moves: dict[tuple, dict[int, int]] = {}  # per set of sizes: in-place input -> times it had moved when recorded again
         self.scalars: list[int] | None = None
         self.warmed: set[tuple] = set()  # sizes seen once (warm-up): the next call at them records
         self.calls = 0
@@ -389,7 +390,7 @@ class PartitionGraph:
         """A new recording, or why there can be none."""
         if self.recordings[key]:
             if self.rerecords >= MAX_RERECORDS:
-                moved = sorted(self.moves)
+                moved = sorted({i for moves in self.moves.values() for i in moves})
                 return (f"more than {MAX_RERECORDS} recordings at sizes already recorded (in-place inputs keep "
                         f"moving: inputs {moved}, of which written by the partition: "
                         f"{[i for i in moved if i in self.partition.mutated]})")
@@ -397,7 +398,8 @@ class PartitionGraph:
             last = self.recordings[key][-1]
             for i in last.in_place:
                 if args[i].data_ptr() != last.ptrs[i]:
-                    self.moves[i] = self.moves.get(i, 0) + 1
+                    moves = self.moves.setdefault(key, {})
+                    moves[i] = moves.get(i, 0) + 1
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != DEVICE_TYPE for i in tensors):
             return "a partition input is a CPU tensor (a graph would freeze its value): CGCT moves these"
@@ -405,7 +407,7 @@ class PartitionGraph:
         # move is a recording, and a chain of partitions multiplies them (each new recording upstream
         # moves the outputs that the next partition reads in place). One the partition writes is copied
         # back after each replay; unless expanded (stride 0: a copy back cannot write it).
-        moving = {i for i, n in self.moves.items() if n >= MOVES_BEFORE_COPY
+        moving = {i for moves in self.moves.values() for i, n in moves.items() if n >= MOVES_BEFORE_COPY
                   and not (i in self.partition.mutated and _expanded_dims(args[i]))}
         in_place = [i for i in tensors if i not in moving and (
             i in self.partition.static or i in self.partition.mutated or args[i].data_ptr() in _OUTPUTS)]

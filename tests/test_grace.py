@@ -395,6 +395,37 @@ def test_an_upstream_graphs_output_that_keeps_moving_is_copied(cpu_graphs, monke
     assert stats.status == "captured" and stats.recordings == 1 + runtime.MOVES_BEFORE_COPY and stats.replays == 11
 
 
+def test_moves_at_different_sizes_do_not_add_up(cpu_graphs, monkeypatch):
+    """Dynamic shapes: an upstream graph's output moves once per set of sizes (a twin at each): read in
+    place at every size, never copied; one that keeps moving at one size is copied at all of them."""
+    monkeypatch.setattr(runtime, "_OUTPUTS", weakref.WeakValueDictionary())
+    part, stats = _part(_first_n_doubled)
+    upstream = {n: [torch.randn(8), torch.randn(8)] for n in (2, 4, 6, 8)}  # two outputs per size
+    for step in range(4):
+        for n, outs in upstream.items():
+            x = outs[step % 2]
+            runtime._OUTPUTS[x.data_ptr()] = x
+            (y,) = part([n, x])
+            torch.testing.assert_close(y, x[:n] * 2)
+            del y
+    assert stats.moving_inputs == 0 and stats.copied_inputs == 0 and stats.recordings == 8
+    for i in range(8):  # at one size, somewhere new every call
+        x = torch.randn(8)
+        runtime._OUTPUTS[x.data_ptr()] = x
+        (y,) = part([2, x])
+        torch.testing.assert_close(y, x[:2] * 2)
+        del y
+    assert stats.moving_inputs == 1 and stats.copied_inputs == 1
+    recordings = stats.recordings
+    for i in range(3):  # at another size, new places: recorded once more, copying it, then replayed
+        x = torch.randn(8)
+        runtime._OUTPUTS[x.data_ptr()] = x
+        (y,) = part([4, x])
+        torch.testing.assert_close(y, x[:4] * 2)
+        del y
+    assert stats.recordings == recordings + 1 and stats.copied_inputs == 1
+
+
 def test_runtime_gives_up_when_recordings_keep_being_made(cpu_graphs, monkeypatch):
     monkeypatch.setattr(runtime, "MOVES_BEFORE_COPY", 10**6)  # in-place inputs never copied instead
     part, stats = _part(_add_one_then_scale, mutated={1})
