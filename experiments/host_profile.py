@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import cProfile
 import pstats
+from collections import Counter
 from typing import Callable
 
 from experiments.records import HostStats
 from grace.torch_adapter import inductor_cache_dir
 
 TOP = 12  # functions kept per record, the most own time first
-# (group, substrings of a file's path), first match wins
 GENERATED = "inductor generated code"  # files under Inductor's cache folder (the worker's own, in a sweep)
-GROUPS = [
+GROUPS = [  # (group, substrings of a file's path), first match wins, after GENERATED
     ("grace", ("/grace/",)),
     ("inductor runtime", ("torch/_inductor/",)),
     ("dynamo and aot autograd", ("torch/_dynamo/", "torch/_functorch/", "torch/_guards", "torch/_subclasses/")),
@@ -42,23 +42,21 @@ def group(path: str, generated: str) -> str:
 def host_stats(stats: pstats.Stats, iters: int) -> HostStats:
     """Per group and per function, own time in microseconds per iteration (C functions charged to the
     group of each caller, in proportion to what each caller spent in them)."""
-    groups: dict[str, float] = {}
+    groups: Counter[str] = Counter()
     rows = []
     generated = inductor_cache_dir()
     for (path, line, name), (_, calls, own, _, callers) in stats.stats.items():
         if path == BUILTIN:
             for (caller_path, _, _), caller in callers.items():
-                g = group(caller_path, generated)
-                groups[g] = groups.get(g, 0.0) + caller[2]
+                groups[group(caller_path, generated)] += caller[2]
             where, kind = name, "C, charged to its callers"
         else:
             kind = group(path, generated)
-            groups[kind] = groups.get(kind, 0.0) + own
+            groups[kind] += own
             where = f"{name} ({path.rsplit('/', 1)[-1]}:{line})"
         rows.append({"function": where, "group": kind, "calls": calls / iters, "us": round(own / iters * 1e6, 2)})
     rows.sort(key=lambda r: -r["us"])
-    return HostStats(iters, {g: round(t / iters * 1e6, 2) for g, t in sorted(groups.items(), key=lambda kv: -kv[1])},
-                     rows[:TOP])
+    return HostStats(iters, {g: round(t / iters * 1e6, 2) for g, t in groups.most_common()}, rows[:TOP])
 
 
 def profile_host(step: Callable[[], object], iters: int, synchronize: Callable[[], None]) -> HostStats:

@@ -71,7 +71,7 @@ class Explanation:
             "kernels_outside_graphs": self.kernels.kernels - self.kernels.in_graphs if self.kernels else None,
             "not_captured": sorted({f"{r.reason}" for r in df.itertuples() if r.status != "captured"}),
             "pi_inputs": int(df.inputs_pi.sum()) if len(df) else 0,
-            "moving_inputs_copied": int(df.inputs_moving.sum()) if len(df) else 0,  # static, but kept moving
+            "moving_inputs_copied": int(df.inputs_moving.sum()) if len(df) else 0,  # in place, until they kept moving
             "pi_left_to_copy": sorted({why for g in self.graphs for s in g.partitions for why in s.pi_reasons}),
             "scg": self.scg_decisions(),
             "cgct": [note for g in self.graphs for note in g.cgct],

@@ -76,7 +76,7 @@ class Stats:
     scg: dict | None = None  # the latest SCG decision (grace.scg.Decision.as_dict), when SCG is on
     pi_inputs: int = 0  # copied inputs that PI reads in place instead (latest recording)
     pi_reasons: list[str] = dataclasses.field(default_factory=list)  # why PI left an input to the copy
-    moving_inputs: int = 0  # static inputs copied (or read through PI) because they kept moving
+    moving_inputs: int = 0  # in-place inputs copied (or read through PI) because they kept moving
 
 
 # data_ptr -> output tensor of every live recording: an input found here is another graph's output and is
@@ -346,7 +346,7 @@ class _Recording:
             self._point(args)
         elif self.copied:
             self._copy(args)
-        written = [args[i] for i, _ in self.written]
+        written = [args[i] for i, _ in self.written] if self.written else None
         args.clear()
         self._replay()
         if written:

@@ -460,36 +460,53 @@ def test_sizes_beyond_the_limit_run_without_a_graph_and_the_others_keep_theirs(c
     assert "more than 2 sets of sizes" in stats.reason
 
 
+def _runtime_compiler(made: list, backward: bool = False, static=lambda example_inputs: frozenset()):
+    """An AOTAutograd compiler that runs the graph it is given as one partition through the runtime,
+    its Stats appended to `made`; `static` picks the static inputs from the example inputs."""
+    from functorch.compile import make_boxed_func
+
+    def compile(gm, example_inputs):
+        stats = runtime.Stats(graph=0, backward=backward, partition=0)
+        made.append(stats)
+        part = runtime.PartitionGraph(make_boxed_func(gm.forward), Partition(0, static(example_inputs), frozenset()),
+                                      stats)
+        part._boxed_call = True
+        return part
+
+    return compile
+
+
+def _train_beside_eager(fw_compiler, bw_compiler, steps: int, set_to_none: bool = True):
+    """`steps` SGD steps of an MLP compiled with these AOTAutograd compilers and of its eager twin, on the
+    same inputs; parameters and gradients compared after each. Returns the compiled model's module."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch.compiler.reset()  # static shapes: earlier tests compiled the same module type
+    model, twin = _mlp(), _mlp()
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler))
+    opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    for _ in range(steps):
+        x = torch.randn(3, 8)
+        for m, o in ((compiled, opt), (twin, opt_twin)):
+            o.zero_grad(set_to_none=set_to_none)
+            m(x).square().mean().backward()
+            o.step()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p, q)
+            torch.testing.assert_close(p.grad, q.grad)
+    return model
+
+
 def test_runtime_keeps_replaying_a_training_forward_and_matches_eager(cpu_graphs):
     """AOTAutograd's forward returns tensors saved for backward, parameters among them; the runtime
     must not take the caller's own references to those for outputs still in use."""
     from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
+
+    def params(example_inputs):  # all but x
+        return frozenset(i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor) and tuple(t.shape) != (3, 8))
 
     forwards = []
-
-    def forward_compiler(gm, example_inputs):
-        params = frozenset(i for i, t in enumerate(example_inputs)
-                           if isinstance(t, torch.Tensor) and tuple(t.shape) != (3, 8))  # all but x
-        stats = runtime.Stats(graph=0, backward=False, partition=0)
-        forwards.append(stats)
-        part = runtime.PartitionGraph(make_boxed_func(gm.forward), Partition(0, params, frozenset()), stats)
-        part._boxed_call = True
-        return part
-
-    torch.compiler.reset()  # static shapes: earlier tests compiled the same module type
-    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda gm, _: make_boxed_func(gm.forward))
-    model, twin = _mlp(), _mlp()
-    compiled = torch.compile(model, backend=backend)
-    opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
-    for _ in range(5):
-        x = torch.randn(3, 8)
-        for m, o in ((compiled, opt), (twin, opt_twin)):
-            o.zero_grad()
-            m(x).square().mean().backward()
-            o.step()
-    for p, q in zip(model.parameters(), twin.parameters()):
-        torch.testing.assert_close(p, q)
+    _train_beside_eager(_runtime_compiler(forwards, static=params), lambda gm, _: make_boxed_func(gm.forward), 5)
     (stats,) = forwards
     assert stats.status == "captured" and stats.recordings == 1 and stats.replays == 4 and stats.eager_calls == 0
 
@@ -500,34 +517,8 @@ def test_a_backward_graphs_gradients_are_taken_by_autograd_not_cloned(cpu_graphs
     graph that kept hold of its outputs had every gradient cloned (on the H200: 1 ms of memcpy per
     XLNET-T step, and a launch per parameter). Gradients held across steps (zero_grad without
     set_to_none) accumulate as in eager, the graph recording a twin for the memory they keep."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
     backwards = []
-
-    def compiler(backward):
-        def compile(gm, example_inputs):
-            stats = runtime.Stats(graph=0, backward=backward, partition=0)
-            (backwards if backward else []).append(stats)
-            part = runtime.PartitionGraph(make_boxed_func(gm.forward), Partition(0, frozenset(), frozenset()), stats)
-            part._boxed_call = True
-            return part
-        return compile
-
-    torch.compiler.reset()
-    backend = aot_autograd(fw_compiler=compiler(False), bw_compiler=compiler(True))
-    model, twin = _mlp(), _mlp()
-    compiled = torch.compile(model, backend=backend)
-    opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
-    for _ in range(6):
-        x = torch.randn(3, 8)
-        for m, o in ((compiled, opt), (twin, opt_twin)):
-            o.zero_grad(set_to_none=set_to_none)
-            m(x).square().mean().backward()
-            o.step()
-        for p, q in zip(model.parameters(), twin.parameters()):
-            torch.testing.assert_close(p, q)
-            torch.testing.assert_close(p.grad, q.grad)
+    model = _train_beside_eager(_runtime_compiler([]), _runtime_compiler(backwards, backward=True), 6, set_to_none)
     (stats,) = backwards
     assert stats.status == "captured" and stats.replays == 5  # every call but the first (warm-up)
     graph_memory = {t.data_ptr() for t in runtime._OUTPUTS.values()}
