@@ -3,7 +3,7 @@
 # stops starting workloads after a time budget (rerun to resume). Everything to commit lands in $OUT
 # (at most 8 files come back): cuda_tests.log, <experiment>.log, <experiment>_records.jsonl, and with
 # BENCH=1 replay.jsonl, sizes.jsonl and pi_nodes.txt; with SHARDS=2 also <experiment>_b.log and
-# cuda_tests_tp.log (the two-GPU tests, run first on both GPUs).
+# cuda_tests_tp.log (the two-GPU tests, run on both GPUs beside GPU 0's one-GPU tests).
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
@@ -33,17 +33,28 @@ pin=${CPUS:+taskset -c $CPUS}
 left() { echo $(( ${LIMIT:-570} - SECONDS )); }
 step() { [ "$(left)" -gt 20 ] && timeout -s INT -k 10 "$(left)" $pin "$@"; }
 if [ "${SHARDS:-1}" = 2 ]; then
-  if [ "${TESTS:-1}" = 1 ]; then  # the two-GPU tests first, while both GPUs are free
-    step python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 tests/test_tp_cuda.py 2>&1 | grep -v '^USDT' > "$out/cuda_tests_tp.log"
-    tail -1 "$out/cuda_tests_tp.log"
-  fi
   half=$(( $(nproc) / 2 ))
   export LIMIT=$(( ${LIMIT:-570} - SECONDS ))
   claims=$(mktemp -d /tmp/claims-XXXXXX)
-  CUDA_VISIBLE_DEVICES=1 CPUS=$half-$(( 2 * half - 1 )) SHARDS=1 TESTS=0 BENCH=0 OUT=/tmp/out_b \
-    bash "$0" "$experiment" "$budget" claims="$claims" "$@" > /dev/null 2>&1 &
-  CUDA_VISIBLE_DEVICES=0 CPUS=0-$(( half - 1 )) SHARDS=1 bash "$0" "$experiment" "$budget" claims="$claims" "$@"
-  wait
+  side() {  # side <gpu> <first core> <out> [VAR=value ...]: one GPU's tests, benchmarks and sweep
+    local gpu=$1 first=$2 dir=$3
+    shift 3
+    env "$@" CUDA_VISIBLE_DEVICES=$gpu CPUS=$first-$(( first + half - 1 )) SHARDS=1 OUT=$dir \
+      LIMIT=$(( LIMIT - SECONDS )) bash "$0" "$experiment" "$budget" claims="$claims" "${args[@]}"
+  }
+  args=("$@")
+  SECONDS=0
+  # The two-GPU tests (3.7 min) run beside GPU 0's one-GPU tests (5 min), which come before GPU 0's sweep;
+  # GPU 1's sweep starts once the two-GPU tests are done.
+  if [ "${TESTS:-1}" = 1 ]; then
+    step python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 tests/test_tp_cuda.py 2>&1 | grep -v '^USDT' > "$out/cuda_tests_tp.log" &
+    tp=$!
+  fi
+  side 0 0 "$out" &
+  gpu0=$!
+  [ -n "${tp:-}" ] && wait "$tp" && tail -1 "$out/cuda_tests_tp.log"
+  side 1 "$half" /tmp/out_b TESTS=0 BENCH=0 > /dev/null 2>&1
+  wait "$gpu0"
   cp /tmp/out_b/"$experiment".log "$out/${experiment}_b.log"
   tail -3 "$out/${experiment}_b.log"
   cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
