@@ -90,7 +90,7 @@ def grace_backend(gm: torch.fx.GraphModule, example_inputs, options: Mapping[str
     if opts.cgct:
         report.cgct = cgct.apply(gm, example_inputs)
     inner = functools.partial(_inner_compile, report=report)
-    with adapter.without_autograd_cache():
+    with adapter.aot_config():
         return adapter.compile_fx(gm, example_inputs, inner_compile=inner,
                                   config_patches=adapter.partition_config_patches())
 

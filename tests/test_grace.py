@@ -35,6 +35,24 @@ def test_backend_by_name_matches_eager_in_inference_and_training():
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend, donated", [("inductor", True), ("grace", False)])
+def test_backward_graphs_compiled_by_grace_do_not_write_over_saved_activations(monkeypatch, backend, donated):
+    """Inductor may reuse a saved activation's memory inside the backward graph (a donated buffer), so that
+    a second run on the same inputs is wrong; GraCE runs partitions more than once per call (PI's check,
+    SCG's timings), so it compiles without donated buffers. Stock Inductor donates here: the test can fail."""
+    import torch._inductor.graph as inductor_graph
+
+    seen = []
+    get = inductor_graph.get_donated_idxs
+    monkeypatch.setattr(inductor_graph, "get_donated_idxs", lambda: seen.append(get()) or seen[-1])
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    no_caches = torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False)
+    with no_caches[0], no_caches[1]:
+        torch.compile(model, backend=backend)(torch.randn(3, 8)).square().sum().backward()
+    assert any(seen) == donated, seen
+
+
 def test_backend_found_through_entry_point_without_import():
     code = ("import sys, torch; m = torch.nn.Linear(2, 2); "
             "torch.compile(m, backend='grace')(torch.randn(1, 2)); print('grace' in sys.modules)")
