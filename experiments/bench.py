@@ -74,6 +74,21 @@ def capture_out_of_memory() -> str | None:
                  if s.reason and "OutOfMemoryError" in s.reason), None)
 
 
+def _host(observation: dict[str, Any]) -> dict[str, Any]:
+    return pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, observation)
+
+
+def _by_step(observed: dict[str, tuple[dict, int]], reference: dict[str, list]) -> tuple[dict, dict, dict]:
+    """Observations of several steps ({when: (observation, index of the reference's step)}) as one, each
+    part named with its step, beside the reference's eager and float64 observations of the same steps."""
+    out, eager, ref = {}, {}, {}
+    for when, (observation, k) in observed.items():
+        for part, value in observation.items():
+            key = f"{part} at {when}"
+            out[key], eager[key], ref[key] = value, reference["eager"][k][part], reference["float64"][k][part]
+    return out, eager, ref
+
+
 class Bench:
     def __init__(self, spec: Spec, rank: int = 0):
         """`rank`: this process's rank in a tensor-parallel workload (spec.tp > 1, experiments/tp_bench.py)."""
@@ -95,16 +110,19 @@ class Bench:
     def reference(self, path: str) -> None:
         """The numerics check's yardsticks, once per workload, before any variant is set up (the sweep
         runs this alone: the float64 copy of a training workload is the largest allocation of all): the
-        first step of the task as built, in eager, in its compute dtype and in float64; both observations
-        go to `path`, on the host."""
+        first two steps of the task as built, in eager, in its compute dtype and in float64; the
+        observations go to `path`, on the host."""
         task = self._task()
         ref = task.twin(torch.float64)
-        observed = {"eager": task.observe(task.model), "float64": ref.observe(ref.model)}
-        torch.save(pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, observed), path)
+        observed = {"eager": [_host(task.observe(task.model)) for _ in range(2)],
+                    "float64": [_host(ref.observe(ref.model)) for _ in range(2)]}
+        torch.save(observed, path)
 
     def setup(self, reference: str) -> Setup:
-        """Build, compile (the first step), warm up, then check numerics: the task rewound to its initial
-        state takes one step through the variant, compared with the reference's (Bench.reference)."""
+        """Build, compile (the first step), warm up, then check numerics against the reference's steps
+        (Bench.reference): the first step (compiled, run without graphs), the second (where graphs are
+        recorded, and GraCE's PI and SCG run a partition more than once), and, once warmed up, a step of
+        the task rewound to its initial state (graphs replayed), against the reference's first."""
         spec = self.spec
         self.task = self._task()
         if self.device.type == "cuda":
@@ -115,20 +133,23 @@ class Bench:
         workload = self.task.workload
         self.fn = spec.variant.apply(self.task.model)
         t0 = time.perf_counter()
-        self._step()
+        first = self.task.observe(self.fn)
         synchronize(self.device)
         t1 = time.perf_counter()
-        for _ in range(spec.warmup):
+        first = _host(first)
+        second = _host(self.task.observe(self.fn))  # the first warm-up step
+        for _ in range(spec.warmup - 1):
             self._step()
         synchronize(self.device)
         t2 = time.perf_counter()
         if oom := capture_out_of_memory():  # a grace variant that would be measured without its graphs
             raise torch.OutOfMemoryError(f"GraCE left a partition without a CUDA graph: {oom}")
         self.task.rewind()
-        observed = self.task.observe(self.fn)
+        steady = self.task.observe(self.fn)
         yardsticks = torch.load(reference, weights_only=False)  # written by Bench.reference in this sweep
-        numerics = check(observed, yardsticks["eager"], yardsticks["float64"], self.task.compute_dtype,
-                         spec.tolerance_floor, spec.tolerance_multiplier)
+        numerics = check(*_by_step({"step 1": (first, 0), "step 2": (second, 1), "a rewound step": (steady, 0)},
+                                   yardsticks),
+                         self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
         self._release()
         return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
 

@@ -235,3 +235,32 @@ def test_a_capture_out_of_memory_fails_the_setup_as_an_out_of_memory(tmp_path, m
     with pytest.raises(torch.OutOfMemoryError, match="GraCE left a partition without a CUDA graph: capture failed") as e:
         Bench(spec).setup(reference)
     assert sweep_module._out_of_memory(f"setup: {type(e.value).__name__}: {e.value}")
+
+
+def wrong_on_its_second_call(gm, example_inputs):
+    """A Dynamo backend that is right except on the second call, where graphs would be recorded."""
+    calls = iter(range(1, 1_000))
+
+    def run(*args):
+        out = gm(*args)
+        return type(out)(o * 1.5 for o in out) if next(calls) == 2 else out
+
+    return run
+
+
+def test_numerics_catch_a_variant_wrong_only_on_the_step_that_records(tmp_path):
+    """The step after rewinding replays graphs; a variant wrong only where it records (a backward graph run
+    twice over activations it had overwritten) is caught at step 2, which the reference also takes."""
+    from experiments.bench import Bench, Spec
+    from experiments.variants import Variant
+
+    def setup(variant):
+        spec = Spec("mlp", "eval", None, "tiny", variant, "cpu", 0, 2, {"bfloat16": 1e-2, "float32": 1e-5}, 3.0)
+        reference = str(tmp_path / f"{variant.name}.pt")
+        Bench(spec).reference(reference)
+        return Bench(spec).setup(reference).numerics
+
+    torch._dynamo.reset()
+    assert setup(Variant("eager")).passed
+    n = setup(Variant("second", compile={"backend": "tests.test_sweep:wrong_on_its_second_call"}))
+    assert not n.passed and n.part == "outputs at step 2" and n.detail == "failed: outputs at step 2", n
