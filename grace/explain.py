@@ -70,6 +70,8 @@ class Explanation:
             "kernels_launched": self.kernels.kernels if self.kernels else None,
             "kernels_outside_graphs": self.kernels.kernels - self.kernels.in_graphs if self.kernels else None,
             "not_captured": sorted({f"{r.reason}" for r in df.itertuples() if r.status != "captured"}),
+            "without_graph": sorted({r.reason or "a first call at new sizes, or SCG's choice at these sizes"
+                                     for r in df.itertuples() if r.status == "captured" and r.without_graph}),
             "pi_inputs": int(df.inputs_pi.sum()) if len(df) else 0,
             "moving_inputs_copied": int(df.inputs_moving.sum()) if len(df) else 0,  # in place, until they kept moving
             "pi_left_to_copy": sorted({why for g in self.graphs for s in g.partitions for why in s.pi_reasons}),

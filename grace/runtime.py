@@ -14,15 +14,19 @@ A partition's life, per set of sizes (one, unless shapes are dynamic):
   later      replays a recording whose in-place inputs sit where this call's are and whose outputs
              nobody still holds (a replay overwrites them). In `y = model(x)` loops the caller holds
              the previous output during the next call: a second recording (a twin, with its own
-             memory) then takes turns with the first. In-place inputs that alternate (two KV caches)
-             get a recording each; KEEP recordings per set of sizes are kept, the oldest dropped.
-             An in-place input that keeps moving (MOVES_BEFORE_COPY times: in a backward graph,
-             activations that code outside graphs makes anew; outputs of a graph upstream that records
-             again) is copied from then on, and copied back after each replay if the partition writes it.
+             memory) then takes turns with the first. In-place inputs that are other live tensors get
+             a recording each, as stock graph trees record each call site: the layers that share one
+             Dynamo graph (their weights are its inputs), KV caches that alternate; up to KEEP per set
+             of sizes, the least recently used dropped. An in-place input that moved MOVES_BEFORE_COPY
+             times (the tensor recorded was freed, or another view of its memory came instead: in a
+             backward graph, activations that code outside graphs makes anew; outputs of a graph
+             upstream that records again) is copied from then on, and copied back after each replay if
+             the partition writes it; recordings that read it in place are dropped.
 Anything else is handled without a graph, the reason kept in the partition's Stats: capture fails
 (a synchronising op), recordings that keep being made (more than MAX_RERECORDS at sizes already
-recorded, twins and alternating addresses included: the partition gives up its graphs), the outputs of both twins still held (a caller collecting
-outputs in a list: that call runs without the graph), more than MAX_SIZES sets of sizes (Mask R-CNN's
+recorded: moves, twins, and sets of in-place inputs beyond KEEP; the partition gives up its graphs),
+the outputs of both twins still held (a caller collecting outputs in a list: that call runs without
+the graph), more than MAX_SIZES sets of sizes (Mask R-CNN's
 proposal counts: new ones run without a graph, those recorded keep theirs). The limits are those of
 stock graph trees (inductor.config.triton.cudagraph_unexpected_rerecord_limit), or tighter.
 """
@@ -44,11 +48,12 @@ from grace.snapshot import Snapshot
 log = logging.getLogger("grace")
 
 MAX_SIZES = 64  # sets of sizes a partition records (dynamic shapes); further ones run without a graph
-MAX_RERECORDS = 32  # recordings at sizes already recorded (in-place inputs moved, twins), over its life
+MAX_RERECORDS = 32  # recordings at sizes already recorded (moves, twins, sets beyond KEEP), over its life
 MOVES_BEFORE_COPY = 3  # an in-place input that moved this often at one set of sizes is copied from then on,
                        # at all sizes (in a backward graph, inputs made by code outside graphs are static yet
                        # move each call); moves at different sizes (twins upstream, per size) do not add up
-KEEP = 4  # recordings kept per set of sizes (in-place addresses that alternate, twins)
+KEEP = 64  # recordings kept per set of sizes: one per set of in-place inputs (each layer of those that share
+           # a graph: BlenderbotSmall's 8 encoder layers call one; KV caches that alternate), and twins
 TWINS = 2  # recordings per set of sizes and in-place addresses: one may be replayed while the other's outputs are held
 ALIGNMENT = 16  # bytes: Inductor's kernels assume inputs this aligned
 LIBRARY_ALIGNMENT = 256  # bytes: the most alignment PyTorch tells cuBLAS its operands have (cuBLASLt
@@ -175,6 +180,10 @@ class _Recording:
                  fresh_outputs: bool = False):
         self.in_place, self.copied = in_place, copied
         self.ptrs = [args[i].data_ptr() if i in in_place else None for i in range(len(args))]
+        # whose memory each in-place input lies in: a different tensor there later is another identity
+        # (the next layer's weights), the same tensor's memory freed or viewed elsewhere is a move
+        self.bases = {i: args[i].untyped_storage().data_ptr() for i in in_place}
+        self.weak = {i: adapter.storage_weak_ref(args[i]) for i in in_place}
         # An expanded input (stride 0 along some dims, as stock graph trees meet in training graphs) gets
         # an expanded placeholder; copies fill the one element along those dims, as graph trees do.
         self.expanded = {i: dims for i in copied if (dims := _expanded_dims(args[i]))}
@@ -207,6 +216,13 @@ class _Recording:
         _OUTPUTS.update({t.data_ptr(): t for t in self.tensors})
         self.use_graph = True  # False once SCG decided that this recording runs faster without its graph
         self.use_pi = True  # False once SCG decided that copying beats re-pointing (with PI on)
+
+    def moved(self, args: list) -> list[int]:
+        """In-place inputs that lie elsewhere than when recorded because they moved: the tensor recorded is
+        gone (activations made anew each call), or they are another view of its memory. (An input that is
+        simply another live tensor, the next layer's weight in a graph that layers share, has not moved.)"""
+        return [i for i in self.in_place if args[i].data_ptr() != self.ptrs[i]
+                and (self.weak[i].expired() or args[i].untyped_storage().data_ptr() == self.bases[i])]
 
     def accepts(self, args: list) -> bool:
         """Whether inputs expanded when recorded are expanded along the same dims now (the copy fills
@@ -386,20 +402,24 @@ class PartitionGraph:
             self.stats.eager_calls += 1
         return self.fn(args)
 
-    def _record(self, key: tuple, args: list) -> _Recording | str:
-        """A new recording, or why there can be none."""
-        if self.recordings[key]:
-            if self.rerecords >= MAX_RERECORDS:
-                moved = sorted({i for moves in self.moves.values() for i in moves})
-                return (f"more than {MAX_RERECORDS} recordings at sizes already recorded (in-place inputs keep "
-                        f"moving: inputs {moved}, of which written by the partition: "
-                        f"{[i for i in moved if i in self.partition.mutated]})")
-            self.rerecords += 1
-            last = self.recordings[key][-1]
-            for i in last.in_place:
-                if args[i].data_ptr() != last.ptrs[i]:
-                    moves = self.moves.setdefault(key, {})
-                    moves[i] = moves.get(i, 0) + 1
+    def _record(self, key: tuple, args: list, twin: bool) -> _Recording | str:
+        """A new recording (a twin: of one whose outputs are still held), or why there can be none."""
+        recordings = self.recordings[key]
+        if recordings:
+            last = recordings[-1]  # the most recently used
+            moved = last.moved(args)
+            # a recording again: in-place inputs moved, a twin (the same places, outputs held), or one
+            # more identity where KEEP are kept already (one is dropped for it)
+            if moved or twin or len(recordings) >= KEEP:
+                if self.rerecords >= MAX_RERECORDS:
+                    ever = sorted({i for moves in self.moves.values() for i in moves})
+                    return (f"more than {MAX_RERECORDS} recordings at sizes already recorded (in-place inputs "
+                            f"that moved: inputs {ever}, of which written by the partition: "
+                            f"{[i for i in ever if i in self.partition.mutated]})")
+                self.rerecords += 1
+            moves = self.moves.setdefault(key, {})
+            for i in moved:
+                moves[i] = moves.get(i, 0) + 1
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != DEVICE_TYPE for i in tensors):
             return "a partition input is a CPU tensor (a graph would freeze its value): CGCT moves these"
@@ -409,6 +429,9 @@ class PartitionGraph:
         # back after each replay; unless expanded (stride 0: a copy back cannot write it).
         moving = {i for moves in self.moves.values() for i, n in moves.items() if n >= MOVES_BEFORE_COPY
                   and not (i in self.partition.mutated and _expanded_dims(args[i]))}
+        for stale in [r for r in recordings if moving & set(r.in_place)]:  # read moving inputs in place:
+            recordings.remove(stale)                                        # they will not match again
+            stale.drop()
         in_place = [i for i in tensors if i not in moving and (
             i in self.partition.static or i in self.partition.mutated or args[i].data_ptr() in _OUTPUTS)]
         copied = [i for i in tensors if i not in in_place]
@@ -494,7 +517,7 @@ class PartitionGraph:
         if recording is None and len(here) >= TWINS:
             return self._eager(args, "outputs of the previous replays were still held by the caller")
         if recording is None:
-            recording = self._record(key, args)
+            recording = self._record(key, args, twin=bool(here))
             if isinstance(recording, str):
                 return self._eager(args, recording, final=True)
             if self.selective and not recordings:  # later recordings at these sizes keep the decision

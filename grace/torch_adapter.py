@@ -206,6 +206,13 @@ def storage_handles(tensors: list[torch.Tensor]) -> list[int]:
     return [t.untyped_storage()._cdata for t in tensors]
 
 
+def storage_weak_ref(t: torch.Tensor):
+    """A weak reference to `t`'s storage (as graph trees keep of their inputs): expired() once freed."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(t.untyped_storage())
+
+
 def references(tensors: list[torch.Tensor], storages: list[int]) -> tuple[list[int], list[int], list[int]]:
     """Python references, TensorImpl references and storage references, each a list over the tensors: if
     any grows, some other code holds the tensor, its impl (autograd's saved tensors) or a view of its

@@ -85,6 +85,21 @@ def test_explain_on_cpu_says_why_nothing_is_captured():
     assert "graph" in str(e)
 
 
+def test_explain_says_why_calls_of_captured_partitions_ran_without_their_graphs():
+    from grace.backend import GraphReport, Options
+    from grace.explain import Explanation
+
+    held = runtime.Stats(0, False, 0, status="captured", reason="outputs of the previous replays were still held")
+    warm = runtime.Stats(0, False, 1, status="captured")
+    replayed = runtime.Stats(0, True, 2, status="captured", reason="an old reason")
+    e = Explanation([GraphReport(0, Options(), partitions=[held, warm, replayed])],
+                    replays_last_call={(0, True, 2): 1}, eager_last_call={(0, False, 0): 2, (0, False, 1): 1})
+    s = e.summary()
+    assert s["calls_without_graph"] == 3 and s["replays_per_call"] == 1
+    assert s["without_graph"] == ["a first call at new sizes, or SCG's choice at these sizes",
+                                  "outputs of the previous replays were still held"]
+
+
 # --- the runtime's decisions, with a CPU stand-in for CUDA graph capture ----------------------------
 
 def _partition_fn(calls):
@@ -99,10 +114,18 @@ def _partition_fn(calls):
     return fn
 
 
+def _unowned(t):
+    """`t`'s memory seen by address, without keeping it alive (as a CUDA graph reads its inputs)."""
+    storage = t.untyped_storage()
+    memory = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
+    return torch.empty(0, dtype=t.dtype).set_(memory, t.storage_offset(), t.size(), t.stride())
+
+
 def fake_capture(fn, graph_args):
     """Like a CUDA graph: capturing has no effect (here fn runs on copies, the RNG state put back);
-    each replay runs on the arguments it was recorded with and writes the same output tensors."""
-    recorded = list(graph_args)
+    each replay runs on the memory of the arguments it was recorded with (by address: it keeps no
+    tensor alive) and writes the same output tensors."""
+    recorded = [_unowned(a) if isinstance(a, torch.Tensor) else a for a in graph_args]
     rng = torch.get_rng_state()
     outputs = fn([a.clone() if isinstance(a, torch.Tensor) else a for a in graph_args])
     torch.set_rng_state(rng)
@@ -125,6 +148,15 @@ def cpu_graphs(monkeypatch):
 def _part(fn, static=(), mutated=()):
     stats = runtime.Stats(graph=0, backward=False, partition=0)
     return runtime.PartitionGraph(fn, Partition(0, frozenset(static), frozenset(mutated)), stats), stats
+
+
+def _each_somewhere_new(tensors):
+    """Each tensor in turn, every one at an address of its own, the one before freed by then (as
+    activations that code outside graphs makes anew each call)."""
+    tensors = list(tensors)
+    for i in range(len(tensors)):
+        t, tensors[i] = tensors[i], None
+        yield t
 
 
 def test_runtime_records_then_replays_copying_only_non_static_inputs(cpu_graphs):
@@ -330,13 +362,46 @@ def test_a_static_input_that_keeps_moving_is_copied_instead_of_recorded_again(cp
     code outside graphs makes anew each call: after MOVES_BEFORE_COPY moves such an input gets a placeholder."""
     part, stats = _part(_partition_fn([]), static={1})
     x = torch.randn(4)
-    for i in range(12):
-        w = torch.full((4,), float(i))  # a new tensor, somewhere else, every call
+    for i, w in enumerate(_each_somewhere_new(torch.full((4,), float(i)) for i in range(12))):
         (y,) = part([x, w])
         torch.testing.assert_close(y, x * w + 1)
         del y
     assert stats.status == "captured" and stats.moving_inputs == 1
     assert stats.recordings == 1 + runtime.MOVES_BEFORE_COPY and stats.replays == 11
+    assert len(part.recordings[()]) == 1  # those that read it in place are let go
+
+
+def test_layers_that_share_a_graph_get_a_recording_each(cpu_graphs):
+    """With weights as graph inputs, the layers of a stack call one Dynamo graph (BlenderbotSmall's 8
+    encoder layers): each layer's weights are other live tensors, not a move; every layer gets its
+    recording, as stock graph trees record each call site, and nothing is copied but the activation."""
+    part, stats = _part(_partition_fn([]), static={1})
+    weights = [torch.full((4,), float(i)) for i in range(8)]
+    for step in range(3):
+        x = torch.randn(4)
+        for w in weights:
+            (x,) = part([x, w])
+    assert (stats.recordings, stats.replays, stats.eager_calls, stats.moving_inputs) == (8, 23, 0, 0)
+    assert stats.copy_bytes_per_replay == 16 and part.rerecords == 0
+    expected = torch.randn(4)
+    y = expected.clone()
+    for w in weights:
+        (y,) = part([y, w])
+        expected = expected * w + 1
+    torch.testing.assert_close(y, expected)
+
+
+def test_another_view_of_the_memory_recorded_is_a_move(cpu_graphs):
+    """A slice of one buffer at a new offset each call (a cache written position by position) moves,
+    though the buffer lives on: after MOVES_BEFORE_COPY moves it is copied."""
+    part, stats = _part(_partition_fn([]), static={1})
+    buffer, x = torch.arange(48.0), torch.randn(4)
+    for i in range(12):
+        w = buffer[4 * i:4 * i + 4]
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.moving_inputs == 1 and stats.recordings == 1 + runtime.MOVES_BEFORE_COPY
 
 
 def test_runtime_replays_a_twin_while_outputs_are_held_and_never_overwrites_them(cpu_graphs):
@@ -388,8 +453,7 @@ def test_a_written_input_that_keeps_moving_is_copied_in_and_back(cpu_graphs):
     kept moving, it gets a placeholder instead, and each replay's writes are copied back into it."""
     part, stats = _part(_add_one_then_scale, mutated={1})
     x = torch.randn(4)
-    for i in range(12):
-        w = torch.full((4,), float(i))  # somewhere else every call
+    for i, w in enumerate(_each_somewhere_new(torch.full((4,), float(i)) for i in range(12))):
         (y,) = part([x, w])
         torch.testing.assert_close(w, torch.full((4,), i + 1.0))  # written, as eager would
         torch.testing.assert_close(y, x * (i + 1))
@@ -404,8 +468,7 @@ def test_an_upstream_graphs_output_that_keeps_moving_is_copied(cpu_graphs, monke
     monkeypatch.setattr(runtime, "_OUTPUTS", weakref.WeakValueDictionary())
     part, stats = _part(_partition_fn([]))
     w = torch.full((4,), 2.0)
-    for i in range(12):
-        x = torch.randn(4)
+    for x in _each_somewhere_new(torch.randn(4) for _ in range(12)):
         runtime._OUTPUTS[x.data_ptr()] = x  # as if a graph upstream had made it
         (y,) = part([x, w])
         torch.testing.assert_close(y, x * w + 1)
@@ -427,17 +490,15 @@ def test_moves_at_different_sizes_do_not_add_up(cpu_graphs, monkeypatch):
             torch.testing.assert_close(y, x[:n] * 2)
             del y
     assert stats.moving_inputs == 0 and stats.copied_inputs == 0 and stats.recordings == 8
-    for i in range(8):  # at one size, somewhere new every call
-        x = torch.randn(8)
+    for x in _each_somewhere_new(torch.randn(8) for _ in range(8)):  # at one size, somewhere new every call
         runtime._OUTPUTS[x.data_ptr()] = x
         (y,) = part([2, x])
         torch.testing.assert_close(y, x[:2] * 2)
         del y
     assert stats.moving_inputs == 1 and stats.copied_inputs == 1
     recordings = stats.recordings
-    for i in range(3):  # at another size, new places: recorded once more, copying it, then replayed
-        x = torch.randn(8)
-        runtime._OUTPUTS[x.data_ptr()] = x
+    for x in _each_somewhere_new(torch.randn(8) for _ in range(3)):  # at another size, new places:
+        runtime._OUTPUTS[x.data_ptr()] = x  # recorded once more, copying it, then replayed
         (y,) = part([4, x])
         torch.testing.assert_close(y, x[:4] * 2)
         del y
@@ -448,8 +509,8 @@ def test_runtime_gives_up_when_recordings_keep_being_made(cpu_graphs, monkeypatc
     monkeypatch.setattr(runtime, "MOVES_BEFORE_COPY", 10**6)  # in-place inputs never copied instead
     part, stats = _part(_add_one_then_scale, mutated={1})
     x = torch.randn(4)
-    for i in range(runtime.MAX_RERECORDS + 4):
-        w = torch.full((4,), float(i))
+    ws = (torch.full((4,), float(i)) for i in range(runtime.MAX_RERECORDS + 4))
+    for i, w in enumerate(_each_somewhere_new(ws)):
         (y,) = part([x, w])  # it moves every call
         torch.testing.assert_close(y, x * (i + 1))
         del y
