@@ -264,3 +264,16 @@ def test_numerics_catch_a_variant_wrong_only_on_the_step_that_records(tmp_path):
     assert setup(Variant("eager")).passed
     n = setup(Variant("second", compile={"backend": "tests.test_sweep:wrong_on_its_second_call"}))
     assert not n.passed and n.part == "outputs at step 2" and n.detail == "failed: outputs at step 2", n
+
+
+def test_spread_measures_each_workload_twice_with_fresh_processes(make_cfg):
+    """experiment=spread (runs: 2) has not yet run on the H200: its path, end to end on tiny sizes."""
+    from experiments import report
+
+    sweep = _sweep(make_cfg, "experiment=spread", "workload=[mlp]", "workload.mlp.size=tiny",
+                   "variant=[eager,inductor]")
+    recs = sweep.store.load()
+    assert sorted((r.variant, r.run) for r in recs) == [("eager", 0), ("eager", 1), ("inductor", 0), ("inductor", 1)]
+    assert all(r.status == "ok" and r.experiment == "spread" for r in recs)
+    text = report.spread(recs)
+    assert "mlp" in text and "eager" in text and "spread %" in text
