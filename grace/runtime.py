@@ -407,7 +407,7 @@ class PartitionGraph:
         recordings = self.recordings[key]
         if recordings:
             last = recordings[-1]  # the most recently used
-            moved = last.moved(args)
+            moved = [] if twin else last.moved(args)  # a twin's inputs sit where a recording's do
             # a recording again: in-place inputs moved, a twin (the same places, outputs held), or one
             # more identity where KEEP are kept already (one is dropped for it)
             if moved or twin or len(recordings) >= KEEP:
