@@ -74,6 +74,12 @@ class Task:
         """Remember the state as it is now (on the host), for rewind()."""
         self.initial = [t.detach().to("cpu", copy=True) for t in self._changeable()]
 
+    def unchanged(self) -> bool:
+        """Whether the state is still what keep_initial() saw, and the next step takes the same inputs:
+        then that step computes what the first did (eval on one input set that no step writes)."""
+        return (self.optimizer is None and len(self.input_sets) == 1
+                and all(torch.equal(live.cpu(), saved) for live, saved in zip(self._changeable(), self.initial, strict=True)))
+
     def rewind(self) -> None:
         """Back to the state keep_initial() saw, in place (the same tensors, so that graphs captured on
         them stay valid): inputs, weights and buffers, the optimizer without state (as built), and the

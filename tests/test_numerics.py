@@ -104,3 +104,32 @@ def test_a_rewound_task_takes_the_first_step_again(workload, mode):
     for part in first:
         for a, b in zip(pytree.tree_leaves(first[part]), pytree.tree_leaves(again[part])):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_rel_err_a_chunk_at_a_time_is_the_whole_computation(monkeypatch):
+    from experiments import numerics
+
+    torch.manual_seed(0)
+    a = [torch.randn(7, 5), torch.randn(3), torch.randn(())]
+    b = [t + 1e-3 * torch.randn_like(t) for t in a]
+    whole = numerics._rel_err(a, b)
+    monkeypatch.setattr(numerics, "CHUNK", 4)  # 9 chunks for the first tensor, the last one short
+    assert numerics._rel_err(a, b) == pytest.approx(whole, rel=1e-12)
+    a[0][6, 4] = float("nan")  # in the last chunk
+    assert math.isnan(numerics._rel_err(a, b)[1])
+
+
+@pytest.mark.parametrize("workload, once", [("mlp", True), ("kv_decode", False)])
+def test_the_reference_keeps_a_repeated_first_step_once(tmp_path, workload, once):
+    """An eval step on one input set that leaves its inputs as they were is computed again by the second
+    step: the reference keeps it once (XLNet's logits at batch 128 take 17 GB in float64). A KV-cache step
+    writes its cache: its second step is taken."""
+    from experiments.bench import Bench, Spec
+    from experiments.variants import Variant
+
+    spec = Spec(workload, "eval", None, "tiny", Variant("eager"), "cpu", 0, 1, FLOORS, 3.0)
+    path = tmp_path / "reference.pt"
+    Bench(spec).reference(str(path))
+    saved = torch.load(path, weights_only=False)
+    for steps in saved.values():
+        assert len(steps) == 2 and (steps[1] is steps[0]) == once
