@@ -115,12 +115,11 @@ class Bench:
         task = self._task()
         ref = task.twin(torch.float64)
         task.keep_initial()
-        eager, float64 = [_host(task.observe(task.model))], [_host(ref.observe(ref.model))]
-        if task.unchanged():  # the second step computes the first again: kept once (TP XLNet's logits: 17 GB in float64)
-            eager.append(eager[0]), float64.append(float64[0])
-        else:
-            eager.append(_host(task.observe(task.model))), float64.append(_host(ref.observe(ref.model)))
-        torch.save({"eager": eager, "float64": float64}, path)
+        observed = {"eager": [_host(task.observe(task.model))], "float64": [_host(ref.observe(ref.model))]}
+        repeats = task.unchanged()  # the second step computes the first again: kept once (TP XLNet's logits: 17 GB in float64)
+        for twin, steps in ((task, observed["eager"]), (ref, observed["float64"])):
+            steps.append(steps[0] if repeats else _host(twin.observe(twin.model)))
+        torch.save(observed, path)
 
     def setup(self, reference: str) -> Setup:
         """Build, compile (the first step), warm up, then check numerics against the reference's steps

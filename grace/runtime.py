@@ -417,8 +417,8 @@ class PartitionGraph:
                             f"that moved: inputs {ever}, of which written by the partition: "
                             f"{[i for i in ever if i in self.partition.mutated]})")
                 self.rerecords += 1
-            moves = self.moves.setdefault(key, {})
             for i in moved:
+                moves = self.moves.setdefault(key, {})
                 moves[i] = moves.get(i, 0) + 1
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != DEVICE_TYPE for i in tensors):
