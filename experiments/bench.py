@@ -63,7 +63,7 @@ class Setup:
     batch: int
     compile_s: float
     warmup_s: float
-    numerics: Numerics
+    numerics: Numerics | None  # None on tensor-parallel ranks other than 0
 
 
 def capture_out_of_memory() -> str | None:
@@ -149,10 +149,13 @@ class Bench:
             raise torch.OutOfMemoryError(f"GraCE left a partition without a CUDA graph: {oom}")
         self.task.rewind()
         steady = self.task.observe(self.fn)
-        yardsticks = torch.load(reference, weights_only=False)  # written by Bench.reference in this sweep
-        numerics = check(*_by_step({"step 1": (first, 0), "step 2": (second, 1), "a rewound step": (steady, 0)},
-                                   yardsticks),
-                         self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
+        numerics = None
+        if self.rank == 0:  # the outputs checked (TP: the other ranks step in lockstep, and may still be
+            # stepping when rank 0's answer lets the sweep delete the reference)
+            yardsticks = torch.load(reference, weights_only=False)  # written by Bench.reference in this sweep
+            numerics = check(*_by_step({"step 1": (first, 0), "step 2": (second, 1), "a rewound step": (steady, 0)},
+                                       yardsticks),
+                             self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
         self._release()
         return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
 
