@@ -3,7 +3,8 @@
 # stops starting workloads after a time budget (rerun to resume). Everything to commit lands in $OUT
 # (at most 8 files come back): cuda_tests.log, <experiment>.log, <experiment>_records.jsonl, and with
 # BENCH=1 replay.jsonl, sizes.jsonl and pi_nodes.txt; with SHARDS=2 also <experiment>_b.log and
-# cuda_tests_tp.log (the two-GPU tests, run on both GPUs beside GPU 0's one-GPU tests).
+# cuda_tests_tp.log (the two-GPU tests, run on both GPUs beside GPU 0's one-GPU tests; TP_TESTS=0 leaves
+# them out, so that GPU 1's sweep starts at once).
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
@@ -46,7 +47,7 @@ if [ "${SHARDS:-1}" = 2 ]; then
   SECONDS=0
   # The two-GPU tests (3.7 min) run beside GPU 0's one-GPU tests (5 min), which come before GPU 0's sweep;
   # GPU 1's sweep starts once the two-GPU tests are done.
-  if [ "${TESTS:-1}" = 1 ]; then
+  if [ "${TP_TESTS:-${TESTS:-1}}" = 1 ]; then
     step python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 tests/test_tp_cuda.py 2>&1 | grep -v '^USDT' > "$out/cuda_tests_tp.log" &
     tp=$!
   fi
