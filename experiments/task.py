@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from experiments.workloads import Workload
-from grace.torch_adapter import pytree
+from grace.torch_adapter import has_internal_overlap, pytree
 
 
 def _cast(x: Any, dtype: torch.dtype) -> Any:
@@ -64,8 +64,10 @@ class Task:
 
     def _changeable(self) -> list[torch.Tensor]:
         """What steps may change: the inputs (a workload may mutate them, a KV cache say), and in train
-        mode the weights and buffers."""
-        inputs = [t for t in pytree.tree_leaves(self.input_sets) if isinstance(t, torch.Tensor)]
+        mode the weights and buffers. Not an expanded input (BERT's token types, stride 0): torch refuses
+        to write one in place, and so would rewind()."""
+        inputs = [t for t in pytree.tree_leaves(self.input_sets)
+                  if isinstance(t, torch.Tensor) and not has_internal_overlap(t)]
         if self.optimizer is None:
             return inputs
         return inputs + list(self.model.parameters()) + list(self.model.buffers())

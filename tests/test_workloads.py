@@ -15,7 +15,9 @@ CASES = [(name, mode) for name in workloads.names() for mode in workloads.get(na
 @pytest.mark.parametrize("name,mode", CASES)
 def test_builds_and_runs_eager_at_tiny_size(name, mode):
     task = Task(workloads.get(name)(mode, size="tiny"), seed=0)
+    task.keep_initial()
     out = task.step(task.model)
+    task.rewind()  # as the numerics check does (BERT's expanded input once made it fail)
     leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     assert leaves and all(torch.isfinite(t.float()).all() for t in leaves)
     if mode == "eval":
