@@ -14,17 +14,19 @@ A partition's life, per set of sizes (one, unless shapes are dynamic):
   later      replays a recording whose in-place inputs sit where this call's are and whose outputs
              nobody still holds (a replay overwrites them). In `y = model(x)` loops the caller holds
              the previous output during the next call: a second recording (a twin, with its own
-             memory) then takes turns with the first. In-place inputs that are other live tensors get
-             a recording each, as stock graph trees record each call site: the layers that share one
-             Dynamo graph (their weights are its inputs), KV caches that alternate; up to KEEP per set
-             of sizes, the least recently used dropped. An in-place input that moved MOVES_BEFORE_COPY
-             times (the tensor recorded was freed, or another view of its memory came instead: in a
-             backward graph, activations that code outside graphs makes anew; outputs of a graph
-             upstream that records again) is copied from then on, and copied back after each replay if
-             the partition writes it; recordings that read it in place are dropped.
+             memory) then takes turns with the first. A call whose static inputs (parameters and
+             buffers; in a backward graph, saved activations) are other live tensors comes from another
+             call site and gets a recording of its own, as stock graph trees record each call site: the
+             layers that share one Dynamo graph (their weights are its inputs); up to KEEP per set of
+             sizes, the least recently used dropped. At a call site recorded, an in-place input that
+             lies elsewhere has moved (a static one: the tensor recorded was freed, or another view of
+             its memory came instead, as activations that code outside graphs makes anew; any other:
+             a KV cache made anew, outputs of a graph upstream that records again). One that moved
+             MOVES_BEFORE_COPY times is copied from then on, and copied back after each replay if the
+             partition writes it; recordings that read it in place are dropped.
 Anything else is handled without a graph, the reason kept in the partition's Stats: capture fails
 (a synchronising op), recordings that keep being made (more than MAX_RERECORDS at sizes already
-recorded: moves, twins, and sets of in-place inputs beyond KEEP; the partition gives up its graphs),
+recorded: moves, twins, and call sites beyond KEEP; the partition gives up its graphs),
 the outputs of both twins still held (a caller collecting outputs in a list: that call runs without
 the graph), more than MAX_SIZES sets of sizes (Mask R-CNN's
 proposal counts: new ones run without a graph, those recorded keep theirs). The limits are those of
@@ -48,12 +50,12 @@ from grace.snapshot import Snapshot
 log = logging.getLogger("grace")
 
 MAX_SIZES = 64  # sets of sizes a partition records (dynamic shapes); further ones run without a graph
-MAX_RERECORDS = 32  # recordings at sizes already recorded (moves, twins, sets beyond KEEP), over its life
+MAX_RERECORDS = 32  # recordings at sizes already recorded (moves, twins, call sites beyond KEEP), over its life
 MOVES_BEFORE_COPY = 3  # an in-place input that moved this often at one set of sizes is copied from then on,
                        # at all sizes (in a backward graph, inputs made by code outside graphs are static yet
                        # move each call); moves at different sizes (twins upstream, per size) do not add up
-KEEP = 64  # recordings kept per set of sizes: one per set of in-place inputs (each layer of those that share
-           # a graph: BlenderbotSmall's 8 encoder layers call one; KV caches that alternate), and twins
+KEEP = 64  # recordings kept per set of sizes: one per call site (each layer of those that share a graph:
+           # BlenderbotSmall's 8 encoder layers call one), and twins
 TWINS = 2  # recordings per set of sizes and in-place addresses: one may be replayed while the other's outputs are held
 ALIGNMENT = 16  # bytes: Inductor's kernels assume inputs this aligned
 LIBRARY_ALIGNMENT = 256  # bytes: the most alignment PyTorch tells cuBLAS its operands have (cuBLASLt
@@ -180,8 +182,8 @@ class _Recording:
                  fresh_outputs: bool = False):
         self.in_place, self.copied = in_place, copied
         self.ptrs = [args[i].data_ptr() if i in in_place else None for i in range(len(args))]
-        # whose memory each in-place input lies in: a different tensor there later is another identity
-        # (the next layer's weights), the same tensor's memory freed or viewed elsewhere is a move
+        # whose memory each in-place input lies in: the same tensor's memory freed or viewed elsewhere later
+        # is a move; another live tensor in a static input's place is another call site (the next layer)
         self.bases = {i: args[i].untyped_storage().data_ptr() for i in in_place}
         self.weak = {i: adapter.storage_weak_ref(args[i]) for i in in_place}
         # An expanded input (stride 0 along some dims, as stock graph trees meet in training graphs) gets
@@ -217,12 +219,23 @@ class _Recording:
         self.use_graph = True  # False once SCG decided that this recording runs faster without its graph
         self.use_pi = True  # False once SCG decided that copying beats re-pointing (with PI on)
 
+    def _elsewhere(self, args: list, i: int) -> bool:
+        """Whether in-place input i is another live tensor than the one recorded (not a move of it)."""
+        return (args[i].data_ptr() != self.ptrs[i] and not self.weak[i].expired()
+                and args[i].untyped_storage().data_ptr() != self.bases[i])
+
+    def same_site(self, args: list, static: frozenset[int]) -> bool:
+        """Whether this call comes from the call site recorded: its static inputs (parameters, buffers;
+        in a backward graph, saved activations) are those recorded, or moves of them (the tensor recorded
+        is gone, or they are another view of its memory). Another live weight is another site: the next
+        of the layers that share one Dynamo graph."""
+        return not any(self._elsewhere(args, i) for i in self.in_place if i in static)
+
     def moved(self, args: list) -> list[int]:
-        """In-place inputs that lie elsewhere than when recorded because they moved: the tensor recorded is
-        gone (activations made anew each call), or they are another view of its memory. (An input that is
-        simply another live tensor, the next layer's weight in a graph that layers share, has not moved.)"""
-        return [i for i in self.in_place if args[i].data_ptr() != self.ptrs[i]
-                and (self.weak[i].expired() or args[i].untyped_storage().data_ptr() == self.bases[i])]
+        """In-place inputs that lie elsewhere than when recorded, at the same call site: a static input
+        whose tensor is gone or seen through another view (activations made anew each call), or any other
+        input (a KV cache made anew, an output of a graph upstream that recorded again)."""
+        return [i for i in self.in_place if args[i].data_ptr() != self.ptrs[i]]
 
     def accepts(self, args: list) -> bool:
         """Whether inputs expanded when recorded are expanded along the same dims now (the copy fills
@@ -406,10 +419,13 @@ class PartitionGraph:
         """A new recording (a twin: of one whose outputs are still held), or why there can be none."""
         recordings = self.recordings[key]
         if recordings:
-            last = recordings[-1]  # the most recently used
-            moved = [] if twin else last.moved(args)  # a twin's inputs sit where a recording's do
+            # the most recently used recording of this call site, if any: a twin's inputs sit where a
+            # recording's do; a new call site moves nothing
+            site = None if twin else next((r for r in reversed(recordings)
+                                           if r.same_site(args, self.partition.static)), None)
+            moved = site.moved(args) if site is not None else []
             # a recording again: in-place inputs moved, a twin (the same places, outputs held), or one
-            # more identity where KEEP are kept already (one is dropped for it)
+            # more call site where KEEP are kept already (one is dropped for it)
             if moved or twin or len(recordings) >= KEEP:
                 if self.rerecords >= MAX_RERECORDS:
                     ever = sorted({i for moves in self.moves.values() for i in moves})

@@ -448,12 +448,15 @@ def _add_one_then_scale(args):
     return (x * w,)
 
 
-def test_a_written_input_that_keeps_moving_is_copied_in_and_back(cpu_graphs):
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_written_input_that_keeps_moving_is_copied_in_and_back(cpu_graphs, kept):
     """An input the partition writes is read in place, so it is recorded again where it moved; once it
-    kept moving, it gets a placeholder instead, and each replay's writes are copied back into it."""
+    kept moving, it gets a placeholder instead, and each replay's writes are copied back into it. A new
+    cache each call moves whether the old ones are freed or kept: no static input marks a new call site."""
     part, stats = _part(_add_one_then_scale, mutated={1})
     x = torch.randn(4)
-    for i, w in enumerate(_each_somewhere_new(torch.full((4,), float(i)) for i in range(12))):
+    caches = (torch.full((4,), float(i)) for i in range(12))
+    for i, w in enumerate(list(caches) if kept else _each_somewhere_new(caches)):
         (y,) = part([x, w])
         torch.testing.assert_close(w, torch.full((4,), i + 1.0))  # written, as eager would
         torch.testing.assert_close(y, x * (i + 1))
