@@ -28,6 +28,7 @@ import seaborn as sns  # noqa: E402
 from experiments import stats, workloads  # noqa: E402
 from experiments.records import Record, latest  # noqa: E402
 
+TP_EXPERIMENT = "tp"  # conf/experiment/tp.yaml: the records of Fig 11
 KEY = ["workload", "mode", "batch", "size", "variant", "run", "tp"]
 BASELINE = "inductor"
 LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "PyTorch2-CG",
@@ -190,16 +191,12 @@ def copy_bytes_table(records: Iterable[Record], out: Path,
 
 
 def tp_figure(records: Iterable[Record], out: Path, variants: Sequence[str] = ("pt2_cg", "grace")) -> Path | None:
-    """Fig 11: latency per workload at each tensor-parallel degree, PyTorch2-CG against GraCE (the slowest
-    rank's iterations), for the workload settings (mode, batch, size) that ran tensor-parallel; None
-    without tensor-parallel records."""
+    """Fig 11: latency per workload at each tensor-parallel degree that ran (TP1 included), PyTorch2-CG
+    against GraCE (the slowest rank's iterations), from the tp experiment's records; None without any."""
     df = frame(records)
     df = df[(df["status"] == "ok") & df["variant"].isin(variants)]
-    setting = ["workload", "mode", "batch", "size"]
-    parallel = df.loc[df["tp"] > 1, setting].drop_duplicates()
-    if parallel.empty:
+    if df.empty:
         return None
-    df = df.merge(parallel, on=setting)
     df = df.assign(bar=[f"{LABELS.get(v, v)} TP{t}" for v, t in zip(df["variant"], df["tp"])])
     table = df.pivot_table(index="label", columns="bar", values="median_ms")
     table = table[sorted(table.columns, key=lambda c: (c.split(" TP")[0] != LABELS.get(variants[0]), int(c.split(" TP")[1])))]
@@ -210,10 +207,16 @@ def tp_figure(records: Iterable[Record], out: Path, variants: Sequence[str] = ("
     return _save(fig, table, out, "fig11_tp")
 
 
+def single_gpu(records: Iterable[Record]) -> list[Record]:
+    """Records for the single-GPU figures and tables: one GPU, not of the tp experiment (its TP1 runs are
+    Fig 11's points, measured its way: variants set up one at a time)."""
+    return [r for r in records if r.tp == 1 and r.experiment != TP_EXPERIMENT]
+
+
 def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
-    """Figs 9 and 10 and Tables 2 and 3 from single-GPU records; Fig 11 from tensor-parallel ones."""
-    tp = tp_figure(records, out)
-    records = [r for r in records if r.tp == 1]
+    """Figs 9 and 10 and Tables 2 and 3 from single-GPU records; Fig 11 from the tp experiment's."""
+    tp = tp_figure([r for r in records if r.experiment == TP_EXPERIMENT], out)
+    records = single_gpu(records)
     return ([tp] if tp else []) + [
         speedup_figure(records, out, ["pt2_cg", "grace"], "fig9_speedup", "Fig 9: speedup over PyTorch2 without CUDA Graphs"),
         speedup_figure(records, out, ["cgct", "cgct_pi", "grace"], "fig10_ablation", "Fig 10: ablation",

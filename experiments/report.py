@@ -125,6 +125,7 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
     else:
         lines.append(f"- Benefit ratio of {last} over {first}: not measurable yet (no paper workload has both).")
     lines.append(_scg_agreement(records))
+    lines.append(_unmeasured(df, [BASELINE, *variants]))
     starved = df[(df["status"] == "ok") & df["not_captured"].str.contains("OutOfMemoryError", na=False)]
     if len(starved):
         lines.append("- Measured with partitions left without graphs because a capture ran out of GPU memory (beside "
@@ -137,6 +138,18 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
                  f"{_values(used, 'torch')}, triton {_values(used, 'triton')}, commits {_values(used, 'git_commit')}, "
                  f"between {used['date'].min()} and {used['date'].max()}.")
     return "\n".join(lines) + "\n"
+
+
+def _unmeasured(df: pd.DataFrame, variants: Sequence[str], width: int = 140) -> str:
+    """Why a cell of the table is empty: each workload whose newest record of a variant is not ok, with
+    the status and the reason's first line."""
+    bad = df[(df["status"] != "ok") & df["variant"].isin(variants)]
+    if bad.empty:
+        return f"- Every workload's newest records of {', '.join(variants)} are ok."
+    why = bad.assign(why=bad["status"] + ": " + bad["reason"].fillna("").str.split("\n").str[0].str.slice(0, width))
+    items = [f"{lab} ({', '.join(g['variant'])}: {reason})"
+             for (lab, reason), g in why.groupby(["label", "why"], sort=True)]
+    return f"- Newest record not ok, so not in the table: {'; '.join(items)}."
 
 
 def _within_best_stock(used: pd.DataFrame, med: pd.DataFrame, stock: str, ours: str, margin: float = 1.03) -> str:

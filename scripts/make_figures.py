@@ -4,7 +4,8 @@ tables, pt2_cg_shortfall.md, and results.md, which also replaces the README's re
     python scripts/make_figures.py                      # GPU records of every experiment under results/
     python scripts/make_figures.py --device nvidia-h200 --experiments baselines full
 
-Where several experiments recorded the same (workload, mode, batch, size, variant, run), the newest wins.
+Where several experiments recorded the same (workload, mode, batch, size, variant), the newest wins. Only
+run 0 goes into the figures and tables; repeats (experiment=spread's run 1) only into the spread report.
 """
 
 import argparse
@@ -33,15 +34,16 @@ def main(argv=None) -> int:
         print(f"error: no records under {args.results}/*/{args.device}/", file=sys.stderr)
         return 2
     records = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))
-    for out in figures.paper_figures(records, args.out):
+    first = [r for r in records if r.run == 0]  # figures and tables; later runs only measure the spread
+    for out in figures.paper_figures(first, args.out):
         print(out)
-    single = [r for r in records if r.tp == 1]  # the results section and tables are single-GPU
+    single = figures.single_gpu(first)  # the results section and tables
     print(report.write_shortfall(single, args.out))
     for replays in sorted(args.results.glob(f"replay_overhead/{args.device}/replay.jsonl")):
         print(report.write_replay_overhead(replays, args.out))
     for sizes in sorted(args.results.glob(f"pi_microbench/{args.device}/sizes.jsonl")):
         print(figures.pi_microbench_figure(sizes, args.out))
-    results = report.summary(single) + report.spread(single)
+    results = report.summary(single) + report.spread(figures.single_gpu(records))
     (args.out / "results.md").write_text(results)
     report.splice(results, args.readme)
     print(args.out / "results.md", "and", args.readme)

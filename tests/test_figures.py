@@ -63,12 +63,16 @@ def test_tables_of_coverage_and_copy_bytes(tmp_path):
 def test_make_figures_script(tmp_path):
     path = tmp_path / "results" / "x" / "nvidia-h200" / "records.jsonl"
     path.parent.mkdir(parents=True)
-    path.write_text("".join(r.to_json() + "\n" for r in RECORDS))
+    again = [dataclasses.replace(r, run=1, median_ms=r.median_ms * (2 if r.variant == "pt2_cg" else 1))
+             for r in RECORDS[:3]]  # as experiment=spread
+    path.write_text("".join(r.to_json() + "\n" for r in RECORDS + again))
     out = tmp_path / "figs"
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- results:begin -->\nold\n<!-- results:end -->\nafter\n")
     assert make_figures.main(["--results", str(tmp_path / "results"), "--out", str(out), "--readme", str(readme)]) == 0
     assert "\nold\n" not in readme.read_text() and "| a eval b1" in readme.read_text()
+    assert "Run-to-run spread" in readme.read_text()  # run 1 only there: Fig 9 has one row per workload
+    assert pd.read_csv(out / "fig9_speedup.csv", index_col="workload").loc["a eval b1", "pt2_cg"] == 2.0
     assert readme.read_text().endswith("<!-- results:end -->\nafter\n")
     assert {p.name for p in out.iterdir()} >= {f"{n}.{e}" for n in ("fig9_speedup", "fig10_ablation", "table2_coverage",
                                                                       "table3_copy_bytes") for e in ("pdf", "png", "csv")} | {
@@ -98,23 +102,21 @@ def test_pi_microbench_figure_marks_where_pi_starts_to_win(tmp_path):
     assert table[0] == "bytes per input,copy,pi,bare" and table[2].startswith("65536,30.0,24.0")
 
 
-def test_fig11_from_tensor_parallel_records(tmp_path):
-    from experiments.figures import tp_figure
+def test_fig11_from_the_tp_experiments_records_and_the_other_figures_without_them(tmp_path):
     from tests.test_records import make
 
-    records = [make(v, median_ms=ms, tp=t) for v, t, ms in
+    records = [dataclasses.replace(make(v, median_ms=ms, tp=t), experiment="tp") for v, t, ms in
                (("pt2_cg", 1, 10.0), ("pt2_cg", 2, 6.0), ("grace", 1, 8.0), ("grace", 2, 5.0))]
-    assert tp_figure(records[::2], tmp_path) is None  # TP1 alone: no figure
-    png = tp_figure(records, tmp_path)
-    assert png.name == "fig11_tp.png"
+    figures.paper_figures(records[::2], tmp_path)  # TP1 alone (TP2 not run yet): TP1's bars
+    assert (tmp_path / "fig11_tp.csv").read_text().splitlines()[0] == "workload,PyTorch2-CG TP1,GraCE TP1"
+    # Single-GPU sweeps' records are neither TP1 points nor do the tp experiment's TP1 runs enter Fig 9.
+    single = [make("inductor", median_ms=20.0), make("pt2_cg", median_ms=3.0), make("grace", median_ms=2.0)]
+    assert figures.paper_figures(records + single, tmp_path)[0].name == "fig11_tp.png"
     lines = (tmp_path / "fig11_tp.csv").read_text().splitlines()
     assert lines[0] == "workload,PyTorch2-CG TP1,PyTorch2-CG TP2,GraCE TP1,GraCE TP2"
     assert lines[1].endswith(",10.0,6.0,8.0,5.0")
-    # Single-GPU records at another batch, or of a workload never run tensor-parallel, are not TP1 points.
-    other = [dataclasses.replace(make("pt2_cg", median_ms=3.0), batch=1),
-             dataclasses.replace(make("grace", median_ms=2.0), workload="resnet18")]
-    tp_figure(records + other, tmp_path)
-    assert (tmp_path / "fig11_tp.csv").read_text().splitlines() == lines
+    fig9 = pd.read_csv(tmp_path / "fig9_speedup.csv", index_col="workload")
+    assert fig9.loc["mlp eval b8 tiny", "pt2_cg"] == 20.0 / 3.0 and fig9.loc["mlp eval b8 tiny", "grace"] == 10.0
 
 
 def test_a_figure_drawn_again_from_the_same_records_is_the_same_bytes(tmp_path):

@@ -39,6 +39,9 @@ def test_summary_numbers():
     assert "NVIDIA H200" in text
     assert "capture ran out of GPU memory" not in text
     assert "- Code each workload's records ran: unknown: ALNET, EOS, TKE, mlp eval b1." in text
+    assert "- Newest record not ok, so not in the table: EOS (grace: failed: )." in text
+    failed = dataclasses.replace(rec("mlp", "pt2_cg", None, status="failed"), reason="setup: OutOfMemoryError: x\nmore")
+    assert ("mlp eval b1 (pt2_cg: failed: setup: OutOfMemoryError: x)" in report.summary(toy + [failed]))
 
 
 def test_summary_names_variants_measured_after_a_capture_ran_out_of_memory():
