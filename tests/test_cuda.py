@@ -78,3 +78,18 @@ def test_grace_replays_what_stock_skips_and_records_what_it_did(records):
     mlp = records["mlp", "cgct"]
     assert mlp.grace["replays_per_call"] >= 1 and mlp.grace["calls_without_graph"] == 0
     assert mlp.kernels.graph_input_copy_bytes == mlp.grace["bytes_copied_per_call"] == 8 * 32 * 2
+
+
+def test_rel_err_on_the_gpu_is_the_hosts(monkeypatch):
+    """The numerics check compares on the GPU where there is one, host tensors a chunk at a time."""
+    import torch
+
+    from experiments import numerics
+
+    torch.manual_seed(0)
+    a = [torch.randn(1000, 33), torch.randn(5).to(torch.bfloat16)]
+    b = [t + 1e-3 * torch.randn_like(t) for t in a]
+    monkeypatch.setattr(numerics, "CHUNK", 4096)
+    on_gpu = numerics._rel_err(a, b)
+    monkeypatch.setattr(numerics, "_device", lambda: torch.device("cpu"))
+    assert on_gpu == pytest.approx(numerics._rel_err(a, b), rel=1e-12)
