@@ -12,6 +12,7 @@ all (kernels that run outside any graph).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any, Callable
 
 import pandas as pd
@@ -34,7 +35,7 @@ class Explanation:
                 key = (s.graph, s.backward, s.partition)
                 nodes = s.nodes or {}
                 rows.append({"graph": s.graph, "pass": "backward" if s.backward else "forward",
-                             "partition": s.partition, "status": s.status,
+                             "partition": s.partition, "status": s.status, "recordings_kept": s.kept,
                              "kernels_in_graph": nodes.get("kernel"), "replays": self.replays_last_call.get(key, 0),
                              "without_graph": self.eager_last_call.get(key, 0),
                              "inputs_in_place": s.in_place_inputs, "inputs_copied": s.copied_inputs - s.pi_inputs,
@@ -64,6 +65,9 @@ class Explanation:
             "partitions": len(df),
             "captured": int((df.status == "captured").sum()) if len(df) else 0,
             "replays_per_call": int(df.replays.sum()) if len(df) else 0,
+            # recordings made so far, by why; and kept now (each holds its graph's memory)
+            "recorded_for": dict(sum((Counter(s.recorded_for) for g in self.graphs for s in g.partitions), Counter())),
+            "recordings_kept": int(df.recordings_kept.sum()) if len(df) else 0,
             "calls_without_graph": int(df.without_graph.sum()) if len(df) else 0,
             "bytes_copied_per_call": int((df.bytes_copied_per_replay * df.replays).sum()) if len(df) else 0,
             "kernels_in_graphs": int(df.kernels_in_graph.fillna(0).mul(df.replays).sum()) if len(df) else 0,

@@ -74,6 +74,9 @@ class Stats:
     status: str = "warm-up"  # warm-up | captured | eager (not capturable) | declined (SCG chose no graph)
     reason: str | None = None  # why not captured (eager), or why a call ran without the graph
     recordings: int = 0
+    recorded_for: dict[str, int] = dataclasses.field(default_factory=dict)  # recordings by why: the first at a
+    # set of sizes, a new call site, a moved input, a twin (outputs held)
+    kept: int = 0  # recordings kept now, at all sizes (each holds its graph's memory)
     replays: int = 0
     eager_calls: int = 0  # calls after warm-up that ran without the graph
     in_place_inputs: int = 0
@@ -408,6 +411,7 @@ class PartitionGraph:
                     for recording in recordings:
                         recording.drop()
                 self.recordings.clear()
+                self.stats.kept = 0
                 log.info("grace: graph %d partition %d runs without a CUDA graph: %s",
                          self.stats.graph, self.stats.partition, reason)
             self.stats.reason = reason
@@ -418,20 +422,22 @@ class PartitionGraph:
     def _record(self, key: tuple, args: list, twin: bool) -> _Recording | str:
         """A new recording (a twin: of one whose outputs are still held), or why there can be none."""
         recordings = self.recordings[key]
+        why = "first at these sizes"
         if recordings:
             # the most recently used recording of this call site, if any: a twin's inputs sit where a
             # recording's do; a new call site moves nothing
             site = None if twin else next((r for r in reversed(recordings)
                                            if r.same_site(args, self.partition.static)), None)
             moved = site.moved(args) if site is not None else []
+            why = "twin" if twin else "moved input" if moved else "new call site"
             # a recording again: in-place inputs moved, a twin (the same places, outputs held), or one
             # more call site where KEEP are kept already (one is dropped for it)
             if moved or twin or len(recordings) >= KEEP:
                 if self.rerecords >= MAX_RERECORDS:
                     ever = sorted({i for moves in self.moves.values() for i in moves})
-                    return (f"more than {MAX_RERECORDS} recordings at sizes already recorded (in-place inputs "
-                            f"that moved: inputs {ever}, of which written by the partition: "
-                            f"{[i for i in ever if i in self.partition.mutated]})")
+                    return (f"more than {MAX_RERECORDS} recordings at sizes already recorded (recordings by "
+                            f"why: {self.stats.recorded_for}; in-place inputs that moved: inputs {ever}, of "
+                            f"which written by the partition: {[i for i in ever if i in self.partition.mutated]})")
                 self.rerecords += 1
             for i in moved:
                 moves = self.moves.setdefault(key, {})
@@ -462,6 +468,7 @@ class PartitionGraph:
             return f"capture failed: {_error(e)}"
         s = self.stats
         s.status, s.recordings = "captured", s.recordings + 1
+        s.recorded_for[why] = s.recorded_for.get(why, 0) + 1
         s.nodes = recording.nodes
         if self.indirect and copied:
             try:
@@ -545,6 +552,7 @@ class PartitionGraph:
         else:
             recordings.remove(recording)
         recordings.append(recording)  # most recently used last
+        self.stats.kept = sum(map(len, self.recordings.values()))
         if not recording.use_graph:
             return self._eager(args)
         if not recording.accepts(args):

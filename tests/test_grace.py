@@ -89,8 +89,9 @@ def test_explain_says_why_calls_of_captured_partitions_ran_without_their_graphs(
     from grace.backend import GraphReport, Options
     from grace.explain import Explanation
 
-    held = runtime.Stats(0, False, 0, status="captured", reason="outputs of the previous replays were still held")
-    warm = runtime.Stats(0, False, 1, status="captured")
+    held = runtime.Stats(0, False, 0, status="captured", reason="outputs of the previous replays were still held",
+                         recorded_for={"first at these sizes": 1, "twin": 1}, kept=2)
+    warm = runtime.Stats(0, False, 1, status="captured", recorded_for={"first at these sizes": 1}, kept=1)
     replayed = runtime.Stats(0, True, 2, status="captured", reason="an old reason")
     e = Explanation([GraphReport(0, Options(), partitions=[held, warm, replayed])],
                     replays_last_call={(0, True, 2): 1}, eager_last_call={(0, False, 0): 2, (0, False, 1): 1})
@@ -98,6 +99,7 @@ def test_explain_says_why_calls_of_captured_partitions_ran_without_their_graphs(
     assert s["calls_without_graph"] == 3 and s["replays_per_call"] == 1
     assert s["without_graph"] == ["a first call at new sizes, or SCG's choice at these sizes",
                                   "outputs of the previous replays were still held"]
+    assert s["recorded_for"] == {"first at these sizes": 2, "twin": 1} and s["recordings_kept"] == 3
 
 
 # --- the runtime's decisions, with a CPU stand-in for CUDA graph capture ----------------------------
@@ -382,6 +384,7 @@ def test_layers_that_share_a_graph_get_a_recording_each(cpu_graphs):
         for w in weights:
             (x,) = part([x, w])
     assert (stats.recordings, stats.replays, stats.eager_calls, stats.moving_inputs) == (8, 23, 0, 0)
+    assert stats.recorded_for == {"first at these sizes": 1, "new call site": 7} and stats.kept == 8
     assert stats.copy_bytes_per_replay == 16 and part.rerecords == 0
     expected = torch.randn(4)
     y = expected.clone()
@@ -413,6 +416,7 @@ def test_runtime_replays_a_twin_while_outputs_are_held_and_never_overwrites_them
     (y2,) = part([xs[1], w])  # y1 held: a twin is recorded, with its own output buffer
     (y3,) = part([xs[2], w])  # both held: runs without a graph
     assert stats.recordings == 2 and stats.replays == 2 and stats.eager_calls == 1 and "still held" in stats.reason
+    assert stats.recorded_for == {"first at these sizes": 1, "twin": 1}
     del y1, y3
     (y4,) = part([xs[3], w])  # the first recording's output is free again: replayed over
     assert stats.replays == 3 and stats.recordings == 2 and stats.status == "captured"
@@ -463,6 +467,8 @@ def test_a_written_input_that_keeps_moving_is_copied_in_and_back(cpu_graphs, kep
         del y
     assert stats.status == "captured" and stats.moving_inputs == 1
     assert stats.recordings == 1 + runtime.MOVES_BEFORE_COPY and stats.replays == 11
+    assert stats.recorded_for == {"first at these sizes": 1, "moved input": runtime.MOVES_BEFORE_COPY}
+    assert stats.kept == 1  # those that read it in place are let go
 
 
 def test_an_upstream_graphs_output_that_keeps_moving_is_copied(cpu_graphs, monkeypatch):
