@@ -434,14 +434,18 @@ def test_a_loop_that_holds_the_previous_output_replays_every_call(cpu_graphs):
     assert stats.replays == 9 and stats.recordings == 2 and stats.eager_calls == 0
 
 
-def test_in_place_inputs_that_alternate_keep_a_recording_each(cpu_graphs):
-    part, stats = _part(_partition_fn([]), static={1})
+@pytest.mark.parametrize("kind", ["static", "mutated"])
+def test_in_place_inputs_that_alternate_keep_a_recording_each(cpu_graphs, kind):
+    """Two buffers in turn: two call sites (static), or one input that moved once (a KV cache the
+    partition writes, of two): either way a recording each, both replayed from then on."""
+    part, stats = _part(_partition_fn([]), **{kind: {1}})
     x, caches = torch.randn(4), [torch.full((4,), 2.0), torch.full((4,), 3.0)]
     for i in range(8):
         (y,) = part([x, caches[i % 2]])
         torch.testing.assert_close(y, x * caches[i % 2] + 1)
         del y
     assert stats.recordings == 2 and stats.replays == 7 and stats.status == "captured"
+    assert stats.recorded_for == {"first at these sizes": 1, "new call site" if kind == "static" else "moved input": 1}
 
 
 def _add_one_then_scale(args):
