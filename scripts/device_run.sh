@@ -3,14 +3,14 @@
 # stops starting workloads after a time budget (rerun to resume). Everything to commit lands in $OUT
 # (at most 8 files come back): cuda_tests.log, <experiment>.log, <experiment>_records.jsonl, and with
 # BENCH=1 replay.jsonl, sizes.jsonl and pi_nodes.txt; with SHARDS=2 also <experiment>_b.log and
-# cuda_tests_tp.log (the two-GPU tests, run on both GPUs beside GPU 0's one-GPU tests; TP_TESTS=0 leaves
-# them out, so that GPU 1's sweep starts at once).
+# cuda_tests_tp.log (the two-GPU tests, run on both GPUs beside the one-GPU tests, which SHARDS=2 splits
+# between the GPUs; TP_TESTS=0 leaves the two-GPU tests out).
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh baselines 420      # experiment, budget in s
 #   TESTS=0 BENCH=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 300 shard=0/3
 #   TESTS=0 MULTIRUN=1 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh tp 300 tp=2,1   # a Hydra multirun
 #   SHARDS=2 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 420 force=2026-11-30T10:30
-#     (two GPUs, a sweep on each, GPU 0 with the tests and benchmarks first: each takes the next workload
+#     (two GPUs: the tests on both, then a sweep on each, GPU 0's after the benchmarks: each takes the next workload
 #     the other has not claimed (claims=<folder>), pinned to half of the cores (CPUS, taskset) so that one
 #     side's compiling does not steal the other's timing cores; both append to the one records file,
 #     each record under a lock; GPU 1's log comes back as <experiment>_b.log)
@@ -45,17 +45,21 @@ if [ "${SHARDS:-1}" = 2 ]; then
   }
   args=("$@")
   SECONDS=0
-  # The two-GPU tests (3.7 min) run beside GPU 0's one-GPU tests (5 min), which come before GPU 0's sweep;
-  # GPU 1's sweep starts once the two-GPU tests are done.
-  if [ "${TP_TESTS:-${TESTS:-1}}" = 1 ]; then
-    step python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 tests/test_tp_cuda.py 2>&1 | grep -v '^USDT' > "$out/cuda_tests_tp.log" &
-    tp=$!
+  # The CUDA tests first, on both GPUs at once (about 4 min; 5.3 min on GPU 0 alone): the two-GPU tests
+  # on both; beside them the HuggingFace training test (2.5 min) on GPU 1 and the other one-GPU tests
+  # (2.7 min) on GPU 0. Then a sweep on each GPU, so that no test runs beside a timed sweep.
+  if [ "${TESTS:-1}" = 1 ]; then
+    [ "${TP_TESTS:-1}" = 1 ] && step python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 tests/test_tp_cuda.py 2>&1 | grep -v '^USDT' > "$out/cuda_tests_tp.log" &
+    hf=tests/test_cuda.py::test_grace_trains_huggingface_models_right
+    step env CUDA_VISIBLE_DEVICES=1 python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 "$hf" 2>&1 | grep -v '^USDT' > /tmp/cuda_tests_b.log &
+    step env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -m cuda -p no:cacheprovider --durations=12 --deselect "$hf" 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
+    wait
+    cat /tmp/cuda_tests_b.log >> "$out/cuda_tests.log"
+    tail -qn1 /tmp/cuda_tests_b.log "$out/cuda_tests.log" "$out/cuda_tests_tp.log" 2>/dev/null
   fi
-  side 0 0 "$out" &
-  gpu0=$!
-  [ -n "${tp:-}" ] && wait "$tp" && tail -1 "$out/cuda_tests_tp.log"
+  side 0 0 "$out" TESTS=0 &
   side 1 "$half" /tmp/out_b TESTS=0 BENCH=0 > /dev/null 2>&1
-  wait "$gpu0"
+  wait
   cp /tmp/out_b/"$experiment".log "$out/${experiment}_b.log"
   tail -3 "$out/${experiment}_b.log"
   cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
