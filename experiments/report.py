@@ -213,11 +213,12 @@ def spread(records: Iterable[Record]) -> str:
     (max - min) / min, so a reader knows which differences are noise. Per (workload, variant), the newest
     commit measured more than once."""
     rows = [{"label": label(r.workload, r.mode, r.batch, r.size), "variant": r.variant, "tp": r.tp,
-             "commit": r.env.get("git_commit", "")[:7], "date": r.env.get("date", ""), "median_ms": r.median_ms}
+             "commit": r.env.get("git_commit", "")[:7], "date": r.env.get("date", ""), "run": r.run,
+             "median_ms": r.median_ms}
             for r in records if r.status == "ok" and r.median_ms is not None]
     if not rows:
         return ""
-    df = pd.DataFrame(rows).sort_values("date")
+    df = pd.DataFrame(rows).sort_values(["date", "run"], kind="stable")  # one sweep's runs share its date
     df = df[df["tp"] == 1]
     repeated = df.groupby(["label", "variant", "commit"]).filter(lambda g: len(g) >= 2)
     if repeated.empty:

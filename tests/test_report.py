@@ -107,7 +107,8 @@ def test_spread_reports_runs_measured_twice():
     def at(date, commit="abc1234"):
         return {"git_commit": commit, "date": f"2026-11-30T{date}"}
 
-    records = [make("pt2_cg", run=0, median_ms=2.0, env=at("01")), make("pt2_cg", run=1, median_ms=2.2, env=at("02")),
+    # pt2_cg: runs 0 and 1 of one sweep, which share its date (run 1 recorded first)
+    records = [make("pt2_cg", run=1, median_ms=2.2, env=at("01")), make("pt2_cg", run=0, median_ms=2.0, env=at("01")),
                make("inductor", run=0, median_ms=5.0, env=at("01")),  # measured once: not in the table
                # grace: measured twice by older code, then twice again (a sweep that ran it again): the newest
                # code's measurements count
