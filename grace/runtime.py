@@ -185,6 +185,10 @@ class _Recording:
                  fresh_outputs: bool = False):
         self.in_place, self.copied = in_place, copied
         self.ptrs = [args[i].data_ptr() if i in in_place else None for i in range(len(args))]
+        # the first in-place input's address: a cheap first test of which recording a call is for (the
+        # layers that share a graph have a recording each; only one has this layer's first weight)
+        self.first = in_place[0] if in_place else None
+        self.first_ptr = self.ptrs[self.first] if in_place else None
         # whose memory each in-place input lies in: the same tensor's memory freed or viewed elsewhere later
         # is a move; another live tensor in a static input's place is another call site (the next layer)
         self.bases = {i: args[i].untyped_storage().data_ptr() for i in in_place}
@@ -518,6 +522,24 @@ class PartitionGraph:
         elif recording.indirection is not None and decision.choice == "graph":
             s.pi_reasons = s.pi_reasons + ["SCG: faster copying the inputs than re-pointing the graph"]
 
+    @staticmethod
+    def _here(recordings: list[_Recording], args: list) -> list[_Recording]:
+        """The recordings whose in-place inputs sit where this call's do: the first in-place input's
+        address compared in Python first (one data_ptr() per distinct first input, usually one), then all
+        of them in one C++ call, for those that pass."""
+        firsts: dict[int, int] = {}
+        here = []
+        for r in recordings:
+            if r.first is not None:
+                ptr = firsts.get(r.first)
+                if ptr is None:
+                    ptr = firsts[r.first] = args[r.first].data_ptr()
+                if ptr != r.first_ptr:
+                    continue
+            if adapter.data_ptrs_equal(args, r.ptrs, r.in_place):
+                here.append(r)
+        return here
+
     def __call__(self, args: list) -> Any:
         self.calls += 1
         if self.stats.status == "eager":
@@ -535,7 +557,7 @@ class PartitionGraph:
             recordings = self.recordings[key] = []
         if recordings and not recordings[0].use_graph:
             return self._eager(args)  # SCG decided for these sizes
-        here = [r for r in recordings if adapter.data_ptrs_equal(args, r.ptrs, r.in_place)]
+        here = self._here(recordings, args)
         recording = next((r for r in here if not r.outputs_alive()), None)
         if recording is None and len(here) >= TWINS:
             return self._eager(args, "outputs of the previous replays were still held by the caller")
