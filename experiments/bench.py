@@ -193,7 +193,6 @@ class Bench:
     def diagnostics(self) -> Diagnostics:
         """Called after profiling; for a grace variant it runs one more step to count what it replays."""
         peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
-        uses_grace = (self.spec.variant.compile or {}).get("backend") == "grace"
-        summary = grace.explain_call(self._step).summary() if uses_grace else None
+        summary = grace.explain_call(self._step).summary() if self.spec.variant.uses_grace else None
         return Diagnostics(peak, cudagraph_skips(), list(dict.fromkeys(self._skip_reasons)), **dynamo_stats(),
                            grace=summary)

@@ -161,7 +161,6 @@ class Sweep:
                     OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier, self.cfg.tp)
 
     def _measure(self, entry: Entry, run: int, variants: list[Variant]) -> None:
-        m = self.measure
         available = []
         for v in variants:
             reason = v.unavailable_reason(self.env.device) or self._tp_unavailable()
@@ -169,15 +168,37 @@ class Sweep:
                 self._unmeasured(entry, run, v, "skipped", reason)
             else:
                 available.append(v)
-        workers: dict[str, tuple[Variant, Worker, Setup]] = {}
         self._appended = set()  # variants of this workload recorded so far
         start = time.monotonic()
         try:
             with tempfile.TemporaryDirectory(prefix="grace-reference-") as folder:
                 reference = self._reference(entry, run, available, os.path.join(folder, "reference.pt"))
                 log.info("%s: numerics reference after %.0f s", entry.name, time.monotonic() - start)
-                if reference is not None:
-                    self._set_up(entry, run, available, workers, reference)
+                if reference is None:
+                    return
+                deferred = self._measure_group(entry, run, available, reference, start, defer=True)
+                if deferred:
+                    # Those that ran out of memory beside the others' workers, in a group of their own, with
+                    # the stock variants again, so that each is compared with them in one interleaved run
+                    again = [v for v in available if v not in deferred and not v.uses_grace]
+                    log.info("%s: %s again, with %s, apart from the others (out of GPU memory beside them)",
+                             entry.name, ", ".join(v.name for v in deferred), ", ".join(v.name for v in again))
+                    self._measure_group(entry, run, again + deferred, reference, start, defer=False)
+        except KeyboardInterrupt:  # stopped from outside (a time limit): say so in a record, retried later
+            for v in available:
+                if v.name not in self._appended:
+                    self._unmeasured(entry, run, v, "interrupted",
+                                     f"stopped (SIGINT) {time.monotonic() - start:.0f} s into this workload")
+            raise
+
+    def _measure_group(self, entry: Entry, run: int, variants: list[Variant], reference: str, start: float,
+                       defer: bool) -> list[Variant]:
+        """Set up, time interleaved, profile and record `variants`; with `defer`, returns those that ran
+        out of GPU memory even when set up alone beside the others' workers, unrecorded."""
+        m = self.measure
+        workers: dict[str, tuple[Variant, Worker, Setup]] = {}
+        try:
+            deferred = self._set_up(entry, run, variants, workers, reference, defer)
             log.info("%s: %d variants set up after %.0f s", entry.name, len(workers), time.monotonic() - start)
             rounds = self._time_rounds(entry, run, workers)
             log.info("%s: timed after %.0f s", entry.name, time.monotonic() - start)
@@ -192,12 +213,7 @@ class Sweep:
                     continue
                 self._append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds,
                                             kernels=kernels, host=host, **asdict(diagnostics)))
-        except KeyboardInterrupt:  # stopped from outside (a time limit): say so in a record, retried later
-            for v in available:
-                if v.name not in self._appended:
-                    self._unmeasured(entry, run, v, "interrupted",
-                                     f"stopped (SIGINT) {time.monotonic() - start:.0f} s into this workload")
-            raise
+            return deferred
         finally:
             for _, worker, _ in workers.values():
                 worker.close()
@@ -219,12 +235,16 @@ class Sweep:
         finally:
             worker.close()
 
-    def _set_up(self, entry: Entry, run: int, variants: list[Variant], workers: dict, reference: str) -> None:
+    def _set_up(self, entry: Entry, run: int, variants: list[Variant], workers: dict, reference: str,
+                defer: bool = False) -> list[Variant]:
         """Start a worker per variant and set it up, adding those that succeed to `workers`: one after
         another, so that compile latencies do not overlap, or all at once (measure.parallel_setup). A
         variant that ran out of GPU memory while others set up beside it is set up again on its own
-        afterwards."""
+        afterwards; with `defer`, one that ran out of memory on its own beside the workers set up already
+        is returned, unrecorded, for a group of its own (BlenderbotSmall's eight training variants do not
+        fit on one H200 together)."""
         m = self.measure
+        deferred = []
         groups = [variants] if m.parallel_setup else [[v] for v in variants]
         while groups:
             group = groups.pop(0)
@@ -240,8 +260,13 @@ class Sweep:
                         log.info("%s / %s: out of memory beside %d others: set up again alone (%s)",
                                  entry.name, v.name, len(group) - 1, e)
                         groups.append([v])
+                    elif defer and workers and _out_of_memory(str(e)):
+                        log.info("%s / %s: out of memory beside %d workers set up: deferred (%s)",
+                                 entry.name, v.name, len(workers), e)
+                        deferred.append(v)
                     else:
                         self._unmeasured(entry, run, v, "failed", str(e))
+        return deferred
 
     def _time_rounds(self, entry: Entry, run: int, workers: dict) -> dict[str, list[Round]]:
         """Interleaved rounds; a worker that fails is recorded, closed and dropped from `workers`."""

@@ -31,6 +31,10 @@ class Variant:
     def from_config(cls, name: str, cfg: Mapping[str, Any]) -> Variant:
         return cls(name=name, **cfg)
 
+    @property
+    def uses_grace(self) -> bool:
+        return (self.compile or {}).get("backend") == "grace"
+
     def unavailable_reason(self, device: str) -> str | None:
         if self.requires_cuda and device != "cuda":
             return f"variant {self.name!r} needs CUDA, and this machine has none"

@@ -170,6 +170,36 @@ def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, m
         assert (recs["eager"].status, recs["eager"].reason) == ("failed", error)
 
 
+def test_a_variant_out_of_memory_even_alone_is_measured_in_a_group_of_its_own(make_cfg, monkeypatch):
+    """Out of memory beside the others, then alone beside their workers (BlenderbotSmall's eight training
+    variants on one H200): measured after them, beside the stock variants again, in one interleaved run."""
+    setups = []
+
+    class Crowded(sweep_module.Worker):
+        def __init__(self, spec, timeout_s):
+            super().__init__(spec, timeout_s)
+            self.variant = spec.variant.name
+
+        def reply(self):
+            value = super().reply()
+            if self._method == "setup":
+                setups.append(self.variant)
+                if self.variant == "inductor" and setups.count("inductor") <= 2:
+                    raise WorkerError("setup: OutOfMemoryError: CUDA out of memory. Tried to allocate 1.54 GiB")
+            return value
+
+    monkeypatch.setattr(sweep_module, "Worker", Crowded)
+    store = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
+                   "measure.parallel_setup=true").store
+    # beside eager, alone beside eager's worker (deferred), then in a second group beside eager again
+    assert setups == ["eager", "inductor", "inductor", "eager", "inductor"]
+    records = store.load()
+    assert [(r.variant, r.status) for r in records] == [("eager", "ok"), ("eager", "ok"), ("inductor", "ok")]
+    # the second group's eager is compared with its own inductor rounds
+    assert records[1].round_ratios == stats.round_ratios(records[1].iter_ms, records[2].iter_ms)
+    assert records[0].round_ratios is None  # no baseline in the first group
+
+
 def test_a_failed_numerics_reference_fails_every_variant_with_its_reason(make_cfg, monkeypatch):
     class NoReference(sweep_module.Worker):
         def call(self, method, *args):
