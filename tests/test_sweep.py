@@ -141,12 +141,12 @@ def test_parallel_setup_measures_the_same_variants(make_cfg, mode):
     assert recs["eager"].round_ratios == stats.round_ratios(recs["eager"].iter_ms, recs["inductor"].iter_ms)
 
 
-@pytest.mark.parametrize("error, retried", [("setup: OutOfMemoryError: CUDA out of memory. Tried to allocate 250 MiB", True),
-                                            ("setup: ValueError: no such layer", False)])
-def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, monkeypatch, error, retried):
+def _crowded(monkeypatch, variant: str, failures: int, error: str) -> list[str]:
+    """Workers whose first `failures` setups of `variant` fail with `error`, as beside seven others on a
+    GPU; returns the list of setups, in order, as they happen."""
     setups = []
 
-    class Crowded(sweep_module.Worker):  # the first setup of `eager` fails, as beside seven others on a GPU
+    class Crowded(sweep_module.Worker):
         def __init__(self, spec, timeout_s):
             super().__init__(spec, timeout_s)
             self.variant = spec.variant.name
@@ -155,11 +155,18 @@ def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, m
             value = super().reply()
             if self._method == "setup":
                 setups.append(self.variant)
-                if self.variant == "eager" and setups.count("eager") == 1:
+                if self.variant == variant and setups.count(variant) <= failures:
                     raise WorkerError(error)
             return value
 
     monkeypatch.setattr(sweep_module, "Worker", Crowded)
+    return setups
+
+
+@pytest.mark.parametrize("error, retried", [("setup: OutOfMemoryError: CUDA out of memory. Tried to allocate 250 MiB", True),
+                                            ("setup: ValueError: no such layer", False)])
+def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, monkeypatch, error, retried):
+    setups = _crowded(monkeypatch, "eager", 1, error)
     recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
                               "measure.parallel_setup=true").store)
     if retried:
@@ -173,22 +180,7 @@ def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, m
 def test_a_variant_out_of_memory_even_alone_is_measured_in_a_group_of_its_own(make_cfg, monkeypatch):
     """Out of memory beside the others, then alone beside their workers (BlenderbotSmall's eight training
     variants on one H200): measured after them, beside the stock variants again, in one interleaved run."""
-    setups = []
-
-    class Crowded(sweep_module.Worker):
-        def __init__(self, spec, timeout_s):
-            super().__init__(spec, timeout_s)
-            self.variant = spec.variant.name
-
-        def reply(self):
-            value = super().reply()
-            if self._method == "setup":
-                setups.append(self.variant)
-                if self.variant == "inductor" and setups.count("inductor") <= 2:
-                    raise WorkerError("setup: OutOfMemoryError: CUDA out of memory. Tried to allocate 1.54 GiB")
-            return value
-
-    monkeypatch.setattr(sweep_module, "Worker", Crowded)
+    setups = _crowded(monkeypatch, "inductor", 2, "setup: OutOfMemoryError: CUDA out of memory. Tried to allocate 1.54 GiB")
     store = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
                    "measure.parallel_setup=true").store
     # beside eager, alone beside eager's worker (deferred), then in a second group beside eager again
