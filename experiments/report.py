@@ -153,10 +153,6 @@ def _unmeasured(df: pd.DataFrame, variants: Sequence[str], width: int = 140) -> 
     return f"- Newest record not ok, so not in the table: {'; '.join(items)}."
 
 
-def _minus(a: float | None, b: float | None) -> float | None:
-    return a - b if a is not None and b is not None and not (math.isnan(a) or math.isnan(b)) else None
-
-
 def _within_best_stock(used: pd.DataFrame, med: pd.DataFrame, stock: str, ours: str, margin: float = 1.03) -> str:
     """Issue 6's bar: `ours` at most `margin` x the faster of BASELINE and `stock`, per workload; each
     workload that misses it is named with its per-round ratios (taken within a round, where both ran
@@ -167,7 +163,7 @@ def _within_best_stock(used: pd.DataFrame, med: pd.DataFrame, stock: str, ours: 
         return f"- {ours} within {100 * (margin - 1):.0f} % of the faster of {BASELINE} and {stock}: not measurable yet."
     graphless = set(used.groupby("label")["graphs"].max().loc[lambda g: g == 0].index)
     rounds = {(row.label, row.variant): row.round_ratios for row in used.itertuples()}
-    gpu = {(row.label, row.variant): row.gpu_kernel_ms for row in used.itertuples()}
+    gpu = dict(zip(zip(used["label"], used["variant"]), used["gpu_kernel_ms"].astype(float)))
     over, steady = [], []
     for w, r in ratio.items():
         if r <= margin:
@@ -178,9 +174,9 @@ def _within_best_stock(used: pd.DataFrame, med: pd.DataFrame, stock: str, ours: 
             steady.append(w)
         spread = f", per round {min(per_round):.2f}-{max(per_round):.2f}" if per_round else ""
         # where the gap lies: the GPU's kernels (same profiler, same run), or the rest (the host's work)
-        gpu_gap = _minus(gpu.get((w, ours)), gpu.get((w, best)))
+        gpu_gap = gpu[w, ours] - gpu[w, best]  # NaN where either was not profiled
         where = (f"; GPU time {gpu_gap:+.3g} of the {med.loc[w, ours] - med.loc[w, best]:+.3g} ms"
-                 if gpu_gap is not None else "")
+                 if not math.isnan(gpu_gap) else "")
         over.append(f"{w} ({r:.2f}x{spread}{where}{', no CUDA graph in any variant' if w in graphless else ''})")
     return (f"- {ours} within {100 * (margin - 1):.0f} % of the faster of {BASELINE} and {stock} on "
             f"{len(ratio) - len(over)} of {len(ratio)} workloads; not on: {', '.join(over) or 'none'}. "

@@ -236,7 +236,7 @@ class Sweep:
             worker.close()
 
     def _set_up(self, entry: Entry, run: int, variants: list[Variant], workers: dict, reference: str,
-                defer: bool = False) -> list[Variant]:
+                defer: bool) -> list[Variant]:
         """Start a worker per variant and set it up, adding those that succeed to `workers`: one after
         another, so that compile latencies do not overlap, or all at once (measure.parallel_setup). A
         variant that ran out of GPU memory while others set up beside it is set up again on its own

@@ -188,7 +188,6 @@ class _Recording:
         # the first in-place input's address: a cheap first test of which recording a call is for (the
         # layers that share a graph have a recording each; only one has this layer's first weight)
         self.first = in_place[0] if in_place else None
-        self.first_ptr = self.ptrs[self.first] if in_place else None
         # whose memory each in-place input lies in: the same tensor's memory freed or viewed elsewhere later
         # is a move; another live tensor in a static input's place is another call site (the next layer)
         self.bases = {i: args[i].untyped_storage().data_ptr() for i in in_place}
@@ -534,7 +533,7 @@ class PartitionGraph:
                 ptr = firsts.get(r.first)
                 if ptr is None:
                     ptr = firsts[r.first] = args[r.first].data_ptr()
-                if ptr != r.first_ptr:
+                if ptr != r.ptrs[r.first]:
                     continue
             if adapter.data_ptrs_equal(args, r.ptrs, r.in_place):
                 here.append(r)
@@ -571,10 +570,11 @@ class PartitionGraph:
                 recording.set_pi(recordings[-1].use_pi)
             if len(recordings) >= KEEP:
                 recordings.pop(0).drop()
+            recordings.append(recording)
+            self.stats.kept = sum(map(len, self.recordings.values()))  # counted when it changes, not per replay
         else:
             recordings.remove(recording)
-        recordings.append(recording)  # most recently used last
-        self.stats.kept = sum(map(len, self.recordings.values()))
+            recordings.append(recording)  # most recently used last
         if not recording.use_graph:
             return self._eager(args)
         if not recording.accepts(args):
