@@ -35,6 +35,11 @@ class Variant:
     def uses_grace(self) -> bool:
         return (self.compile or {}).get("backend") == "grace"
 
+    @property
+    def times_itself(self) -> bool:
+        """Whether it times candidates while it sets up (GraCE's SCG), which other work on the GPU skews."""
+        return self.uses_grace and bool(((self.compile or {}).get("options") or {}).get("scg"))
+
     def unavailable_reason(self, device: str) -> str | None:
         if self.requires_cuda and device != "cuda":
             return f"variant {self.name!r} needs CUDA, and this machine has none"

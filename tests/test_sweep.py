@@ -192,6 +192,30 @@ def test_a_variant_out_of_memory_even_alone_is_measured_in_a_group_of_its_own(ma
     assert records[0].round_ratios is None  # no baseline in the first group
 
 
+def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cfg, monkeypatch):
+    """SCG times its candidates while it sets up: never beside another worker's setup on the GPU."""
+    events = []
+
+    class Idle(sweep_module.Worker):  # no process: logs when each setup starts and ends
+        def __init__(self, spec, timeout_s):
+            self.variant = spec.variant.name
+
+        def request(self, method, *args):
+            events.append(("start", self.variant))
+
+        def reply(self):
+            events.append(("end", self.variant))
+
+    monkeypatch.setattr(sweep_module, "Worker", Idle)
+    sweep = Sweep(make_cfg("workload=[mlp]", "variant=[inductor,pt2_cg,scg,grace]", "measure.parallel_setup=true"))
+    assert [v.times_itself for v in sweep.variants] == [False, False, True, True]
+    workers = {}
+    assert sweep._set_up(sweep.entries[0], 0, sweep.variants, workers, "ref.pt", defer=True) == []
+    assert list(workers) == ["inductor", "pt2_cg", "scg", "grace"]
+    assert events == [("start", "inductor"), ("start", "pt2_cg"), ("end", "inductor"), ("end", "pt2_cg"),
+                      ("start", "scg"), ("end", "scg"), ("start", "grace"), ("end", "grace")]
+
+
 def test_a_failed_numerics_reference_fails_every_variant_with_its_reason(make_cfg, monkeypatch):
     class NoReference(sweep_module.Worker):
         def call(self, method, *args):
