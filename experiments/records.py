@@ -77,6 +77,8 @@ class Record:
     reason: str = ""  # why, for any status but ok
     compile_s: float | None = None  # first call: compilation (and for graph variants, warm-up run)
     warmup_s: float | None = None  # the other untimed calls (graph recording happens here)
+    set_up_beside: int | None = None  # other variants' workers setting up at the same time (0: alone):
+    # compile_s, and SCG's timings taken while setting up, are undisturbed only at 0
     iter_ms: list[list[float]] = field(default_factory=list)  # wall time per timed iteration, per round
     median_ms: float | None = None
     p25_ms: float | None = None

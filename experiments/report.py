@@ -195,16 +195,25 @@ def _scg_agreement(records: Sequence[Record]) -> str:
     """How SCG decided, over the latest ok record of every variant with SCG on: decisions by choice,
     how many the cost model settled alone, and on those it left to timing, how often it had predicted
     what the timing chose."""
-    decisions = [d for r in latest(records).values() if r.status == "ok" and r.grace and r.grace.get("scg")
-                 for d in r.grace["scg"]["decisions"]]
+    ok = [r for r in latest(records).values() if r.status == "ok" and r.grace and r.grace.get("scg")]
+    decisions = [d for r in ok for d in r.grace["scg"]["decisions"]]
     if not decisions:
         return "- SCG: no decisions recorded yet."
     measured = [d for d in decisions if d["measured_us"] is not None]
+    alone = [d for r in ok if _set_up_alone(r) for d in r.grace["scg"]["decisions"] if d["measured_us"] is not None]
     chosen = Counter(d["choice"] for d in decisions)
     return (f"- SCG: {len(decisions)} decisions ({', '.join(f'{n} {c}' for c, n in sorted(chosen.items()))}); "
             f"{len(decisions) - len(measured)} settled by the cost model alone, {len(measured)} timed, and on those "
             f"the model had predicted the timed choice {sum(bool(d['agreed']) for d in measured)} times"
-            f"{_ties(measured)}.")
+            f"{_ties(measured)}. Of the timings, {len(alone)} were taken with no other variant setting up on the GPU "
+            f"(the model agreed on {sum(bool(d['agreed']) for d in alone)}); the others, beside compiling workers, "
+            f"can be off by more than the candidates differ.")
+
+
+def _set_up_alone(r: Record) -> bool:
+    """Whether no other variant was setting up beside it (records from before set_up_beside: when set
+    up one at a time)."""
+    return r.set_up_beside == 0 if r.set_up_beside is not None else r.measure.get("parallel_setup") is False
 
 
 def _ties(measured: list[dict]) -> str:

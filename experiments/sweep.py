@@ -99,6 +99,7 @@ class Sweep:
             raise ConfigError("no variant selected")
         self.store = RecordStore(records_path(cfg, self.env))
         self._appended: set[str] = set()
+        self._beside: dict[str, int] = {}  # per variant, the workers set up beside its own (its last setup)
         self.session = uuid.uuid4().hex[:12]
 
     def run(self) -> Path:
@@ -212,7 +213,8 @@ class Sweep:
                     self._unmeasured(entry, run, v, "failed", str(e))
                     continue
                 self._append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds,
-                                            kernels=kernels, host=host, **asdict(diagnostics)))
+                                            kernels=kernels, host=host, set_up_beside=self._beside[name],
+                                            **asdict(diagnostics)))
             return deferred
         finally:
             for _, worker, _ in workers.values():
@@ -260,6 +262,7 @@ class Sweep:
             for _, worker in started:
                 worker.request("setup", reference)
             for v, worker in started:
+                self._beside[v.name] = len(started) - 1
                 try:
                     workers[v.name] = (v, worker, worker.reply())
                 except WorkerError as e:

@@ -77,11 +77,14 @@ def test_summary_counts_scg_decisions_and_the_models_agreement():
                                          decision("graph_pi", True, False)]}}
     text = report.summary([r for r in RECORDS if (r.workload, r.variant) != ("a", "grace")] + [grace])
     assert ("- SCG: 3 decisions (1 eager, 1 graph, 1 graph_pi); 1 settled by the cost model alone, 2 timed, "
-            "and on those the model had predicted the timed choice 1 times.") in text
+            "and on those the model had predicted the timed choice 1 times. Of the timings, 0 were taken with no "
+            "other variant setting up on the GPU (the model agreed on 0)") in text
     grace.grace["scg"]["decisions"].append(decision("graph", True, None, tied=True))
+    grace.set_up_beside = 0  # set up alone: its timings undisturbed
     text = report.summary([r for r in RECORDS if (r.workload, r.variant) != ("a", "grace")] + [grace])
     assert ("3 timed, and on those the model had predicted the timed choice 1 times (1 timings could not tell "
-            "the fastest apart and followed the model).") in text
+            "the fastest apart and followed the model). Of the timings, 3 were taken with no other variant "
+            "setting up on the GPU (the model agreed on 1)") in text
     assert "- SCG: no decisions recorded yet." in report.summary(RECORDS)
 
 

@@ -37,7 +37,7 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
         assert r.median_ms == stats.median(stats.flatten(r.iter_ms))
         assert r.p25_ms <= r.median_ms <= r.p75_ms
         assert len(r.launch_us) == 2 and all(x > 0 for x in r.launch_us)
-        assert r.compile_s > 0 and r.kernels.iters == 2
+        assert r.compile_s > 0 and r.kernels.iters == 2 and r.set_up_beside == 0
         assert r.host.iters == 2 and (host_profile.GENERATED in r.host.groups) == (name != "eager")
         assert r.env["torch"] == torch.__version__ and r.env["git_commit"]
         assert r.batch == 8 and r.size == "tiny"
@@ -138,6 +138,7 @@ def test_parallel_setup_measures_the_same_variants(make_cfg, mode):
     assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok"}
     assert recs["eager"].mode == mode
     assert recs["eager"].measure["parallel_setup"] is True
+    assert recs["eager"].set_up_beside == recs["inductor"].set_up_beside == 1
     assert recs["eager"].round_ratios == stats.round_ratios(recs["eager"].iter_ms, recs["inductor"].iter_ms)
 
 
@@ -172,6 +173,7 @@ def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, m
     if retried:
         assert setups == ["eager", "inductor", "eager"]
         assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok"}
+        assert (recs["eager"].set_up_beside, recs["inductor"].set_up_beside) == (0, 1)
     else:  # any other failure is recorded at once
         assert setups == ["eager", "inductor"]
         assert (recs["eager"].status, recs["eager"].reason) == ("failed", error)
@@ -212,6 +214,7 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
     workers = {}
     assert sweep._set_up(sweep.entries[0], 0, sweep.variants, workers, "ref.pt", defer=True) == []
     assert list(workers) == ["inductor", "pt2_cg", "scg", "grace"]
+    assert sweep._beside == {"inductor": 1, "pt2_cg": 1, "scg": 0, "grace": 0}
     assert events == [("start", "inductor"), ("start", "pt2_cg"), ("end", "inductor"), ("end", "pt2_cg"),
                       ("start", "scg"), ("end", "scg"), ("start", "grace"), ("end", "grace")]
 
