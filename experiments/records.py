@@ -77,6 +77,8 @@ class Record:
     reason: str = ""  # why, for any status but ok
     compile_s: float | None = None  # first call: compilation (and for graph variants, warm-up run)
     warmup_s: float | None = None  # the other untimed calls (graph recording happens here)
+    workload_s: float | None = None  # seconds from the start of this workload's measurement (its numerics
+    # reference) to this record: for the last record of a workload, how long measuring it took
     set_up_beside: int | None = None  # other variants' workers setting up at the same time (0: alone):
     # compile_s, and SCG's timings taken while setting up, are undisturbed only at 0
     iter_ms: list[list[float]] = field(default_factory=list)  # wall time per timed iteration, per round
@@ -135,6 +137,23 @@ def latest(records: Iterable[Record]) -> dict[tuple, Record]:
         if r.status != "interrupted" or newest.get(r.key, r).status == "interrupted":
             newest[r.key] = r
     return newest
+
+
+def durations(records: Iterable[Record]) -> dict[tuple, float]:
+    """Per workload selection (workload, mode, batch, size, tp), how long its newest measurement took:
+    the longest workload_s of its newest session and run (an interrupted one: how long it ran before it
+    was stopped, so at least that)."""
+    newest: dict[tuple, tuple[str, int]] = {}
+    took: dict[tuple, float] = {}
+    for r in records:  # oldest first
+        if r.workload_s is None:
+            continue
+        k = (r.workload, r.mode, r.batch, r.size, r.tp)
+        if newest.get(k) != (r.session, r.run):
+            newest[k], took[k] = (r.session, r.run), r.workload_s
+        else:
+            took[k] = max(took[k], r.workload_s)
+    return took
 
 
 class RecordStore:

@@ -8,7 +8,9 @@ turn, the order rotating from round to round, so that a slow moment of the host 
 variant is profiled, and one record per variant is appended. Anything already recorded as final is
 skipped (unless forced), so an interrupted sweep resumes where it stopped; `shard` splits the workload
 list across machines or calls, `claims` shares it out between sweeps running side by side; `budget_s`
-stops starting new workloads in time.
+stops starting new workloads in time, and `deadline` (when the sweep will be stopped from outside, a
+device call's limit) passes over a workload whose last measurement took longer than the time left, which
+would only be interrupted and lose its progress.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,7 @@ from tqdm import tqdm
 
 from experiments import environment, stats, workloads
 from experiments.bench import Round, Setup, Spec
-from experiments.records import Record, RecordStore, key
+from experiments.records import Record, RecordStore, durations, key
 from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
 
@@ -81,6 +84,16 @@ def _shard(entries: list[Entry], shard: str | None) -> list[Entry]:
     return entries[i::n]
 
 
+def _deadline(value: Any) -> float | None:
+    """`deadline` (a UTC time, ISO: 2026-11-30T18:40:00) as seconds since the epoch."""
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(str(value)).replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        raise ConfigError(f"deadline must be a UTC time such as 2026-11-30T18:40:00, got {value!r}") from None
+
+
 def records_path(cfg: DictConfig, env: environment.Environment) -> Path:
     return Path(cfg.results_dir) / cfg.experiment_name / environment.device_tag(env) / "records.jsonl"
 
@@ -100,12 +113,15 @@ class Sweep:
         self.store = RecordStore(records_path(cfg, self.env))
         self._appended: set[str] = set()
         self._beside: dict[str, int] = {}  # per variant, the workers set up beside its own (its last setup)
+        self._started: float | None = None  # when the workload being measured started (time.monotonic)
+        self.deadline = _deadline(cfg.deadline)
         self.session = uuid.uuid4().hex[:12]
 
     def run(self) -> Path:
         start = time.monotonic()
         force = self.cfg.force
         final = set() if force is True else self.store.final_keys(made_before=str(force) if force else None)
+        took = durations(self.store.load())
         for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
             # The first workload always runs, so that every call makes progress.
             if i and self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s:
@@ -117,7 +133,11 @@ class Sweep:
                 if len(todo) < len(self.variants):
                     log.info("%s run %d: already recorded: %s", entry.name, run,
                              ", ".join(v.name for v in self.variants if v not in todo))
-                if todo and self._claim(entry, run):
+                need = took.get((entry.name, entry.mode, entry.batch, entry.size, self.cfg.tp))
+                if todo and need is not None and self.deadline is not None and time.time() + need > self.deadline:
+                    log.warning("%s run %d: its last measurement took %.0f s, %.0f s are left before the deadline: "
+                                "not started (rerun to resume)", entry.name, run, need, self.deadline - time.time())
+                elif todo and self._claim(entry, run):
                     self._measure(entry, run, todo)
         return self.store.path
 
@@ -147,6 +167,8 @@ class Sweep:
         self._append(self._record(entry, run, variant, status, reason=reason))
 
     def _append(self, record: Record) -> None:
+        if self._started is not None:
+            record.workload_s = round(time.monotonic() - self._started, 1)
         self.store.append(record)
         self._appended.add(record.variant)
 
@@ -162,6 +184,7 @@ class Sweep:
                     OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier, self.cfg.tp)
 
     def _measure(self, entry: Entry, run: int, variants: list[Variant]) -> None:
+        start = self._started = time.monotonic()
         available = []
         for v in variants:
             reason = v.unavailable_reason(self.env.device) or self._tp_unavailable()
@@ -170,7 +193,6 @@ class Sweep:
             else:
                 available.append(v)
         self._appended = set()  # variants of this workload recorded so far
-        start = time.monotonic()
         try:
             with tempfile.TemporaryDirectory(prefix="grace-reference-") as folder:
                 reference = self._reference(entry, run, available, os.path.join(folder, "reference.pt"))

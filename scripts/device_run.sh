@@ -76,7 +76,9 @@ if [ "${BENCH:-0}" = 1 ]; then
   step python3 scripts/pi_nodes.py > "$out/pi_nodes.txt" 2>&1
   cp results/replay_overhead/*/replay.jsonl results/pi_microbench/*/sizes.jsonl "$out/" 2>/dev/null
 fi
-step python3 run.py ${MULTIRUN:+-m} experiment="$experiment" budget_s="$budget" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
+# deadline: when the step will be stopped (a workload that took longer last time than is left is passed over)
+deadline=$(date -u -d "+$(( $(left) - 10 )) seconds" +%Y-%m-%dT%H:%M:%S)
+step python3 run.py ${MULTIRUN:+-m} experiment="$experiment" budget_s="$budget" deadline="$deadline" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
 tail -5 "$out/$experiment.log"
 cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
 ls "$out"

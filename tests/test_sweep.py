@@ -1,6 +1,7 @@
 """End to end through the real Hydra config, on whatever machine runs the tests (tiny sizes)."""
 
 import dataclasses
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import torch
@@ -71,6 +72,21 @@ def test_resume_skips_final_records_and_retries_the_rest(make_cfg):
     assert len(store.load()) == 6
     _sweep(make_cfg, *overrides, "force=2000-01-01")  # only what was measured before 2000: nothing
     assert len(store.load()) == 6
+
+
+def test_a_workload_that_took_longer_than_the_time_left_is_passed_over(make_cfg):
+    """A device call is stopped at its limit: a workload that would be interrupted is not started, the
+    ones after it still are."""
+    overrides = ["workload=[mlp,EOS]", "workload.mlp.size=tiny", "workload.EOS.size=tiny", "variant=[eager]"]
+    store = _sweep(make_cfg, *overrides).store
+    first = store.load()
+    assert all(0 < r.workload_s < 600 for r in first)
+    store.append(dataclasses.replace(first[0], session="long ago", status="interrupted", workload_s=3600.0))
+    soon = (datetime.now(timezone.utc) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S")
+    _sweep(make_cfg, *overrides, "force=true", f"deadline={soon}")
+    assert [r.workload for r in store.load()[3:]] == ["eos_chain"]  # mlp ran 3600 s last time
+    with pytest.raises(ConfigError, match="deadline must be a UTC time"):
+        Sweep(make_cfg(*overrides, "deadline=soon"))
 
 
 def test_shards_split_the_workload_list(make_cfg):
