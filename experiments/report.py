@@ -196,12 +196,13 @@ def _scg_agreement(records: Sequence[Record]) -> str:
     how many the cost model settled alone, and on those it left to timing, how often it had predicted
     what the timing chose."""
     ok = [r for r in latest(records).values() if r.status == "ok" and r.grace and r.grace.get("scg")]
-    decisions = [d for r in ok for d in r.grace["scg"]["decisions"]]
+    decisions = [(r, d) for r in ok for d in r.grace["scg"]["decisions"]]
     if not decisions:
         return "- SCG: no decisions recorded yet."
-    measured = [d for d in decisions if d["measured_us"] is not None]
-    alone = [d for r in ok if _set_up_alone(r) for d in r.grace["scg"]["decisions"] if d["measured_us"] is not None]
-    chosen = Counter(d["choice"] for d in decisions)
+    timed = [(r, d) for r, d in decisions if d["measured_us"] is not None]
+    measured = [d for _, d in timed]
+    alone = [d for r, d in timed if _set_up_alone(r)]
+    chosen = Counter(d["choice"] for _, d in decisions)
     return (f"- SCG: {len(decisions)} decisions ({', '.join(f'{n} {c}' for c, n in sorted(chosen.items()))}); "
             f"{len(decisions) - len(measured)} settled by the cost model alone, {len(measured)} timed, and on those "
             f"the model had predicted the timed choice {sum(bool(d['agreed']) for d in measured)} times"
