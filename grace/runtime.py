@@ -222,7 +222,6 @@ class _Recording:
         self.storages = adapter.storage_handles(self.tensors)
         self.baseline = adapter.references(self.tensors, self.storages)
         _OUTPUTS.update({t.data_ptr(): t for t in self.tensors})
-        self.use_graph = True  # False once SCG decided that this recording runs faster without its graph
         self.use_pi = True  # False once SCG decided that copying beats re-pointing (with PI on)
 
     def _elsewhere(self, args: list, i: int) -> bool:
@@ -404,6 +403,7 @@ class PartitionGraph:
         self.moves: dict[tuple, dict[int, int]] = {}  # per set of sizes: in-place input -> times it had moved when recorded again
         self.scalars: list[int] | None = None
         self.warmed: set[tuple] = set()  # sizes seen once (warm-up): the next call at them records
+        self.declined: set[tuple] = set()  # sizes SCG runs without a graph (their recording freed)
         self.calls = 0
 
     def _eager(self, args: list, reason: str | None = None, final: bool = False) -> Any:
@@ -495,9 +495,9 @@ class PartitionGraph:
                          _nbytes(recording.fills), calibrate.copy_bytes_per_us(device), len(recording.fills),
                          recording.patched_nodes, gpu_us, recording.copy_bytes, len(recording.still_copied))
 
-    def _select(self, recording: _Recording, args: list) -> None:
+    def _select(self, recording: _Recording, args: list) -> bool:
         """SCG: no graph, the graph with copies, or (PI on) the graph reading inputs in place, for this
-        recording, decided on this call's inputs (grace.scg)."""
+        recording, decided on this call's inputs (grace.scg). Whether to keep the graph."""
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or _current_device()
 
         def graph(pi: bool) -> Callable[[], object]:
@@ -511,7 +511,6 @@ class PartitionGraph:
             runs["graph_pi"] = graph(True)
         snapshot = Snapshot([args[i] for i in sorted(self.partition.mutated)])
         decision = scg.decide(self._costs(recording, device, args, snapshot), runs, timer, snapshot)
-        recording.use_graph = decision.choice != "eager"
         recording.set_pi(decision.choice == "graph_pi")
         s = self.stats
         s.scg = decision.as_dict()
@@ -520,6 +519,7 @@ class PartitionGraph:
             s.status, s.reason = "declined", "SCG: faster without a graph"
         elif recording.indirection is not None and decision.choice == "graph":
             s.pi_reasons = s.pi_reasons + ["SCG: faster copying the inputs than re-pointing the graph"]
+        return decision.choice != "eager"
 
     @staticmethod
     def _here(recordings: list[_Recording], args: list) -> list[_Recording]:
@@ -554,7 +554,7 @@ class PartitionGraph:
             if len(self.recordings) >= MAX_SIZES:
                 return self._eager(args, f"more than {MAX_SIZES} sets of sizes: further ones run without a graph")
             recordings = self.recordings[key] = []
-        if recordings and not recordings[0].use_graph:
+        if key in self.declined:
             return self._eager(args)  # SCG decided for these sizes
         here = self._here(recordings, args)
         recording = next((r for r in here if not r.outputs_alive()), None)
@@ -565,7 +565,10 @@ class PartitionGraph:
             if isinstance(recording, str):
                 return self._eager(args, recording, final=True)
             if self.selective and not recordings:  # later recordings at these sizes keep the decision
-                self._select(recording, args)
+                if not self._select(recording, args):  # no graph at these sizes: its memory goes back
+                    recording.drop()
+                    self.declined.add(key)
+                    return self._eager(args)
             elif recordings:
                 recording.set_pi(recordings[-1].use_pi)
             if len(recordings) >= KEEP:
@@ -575,8 +578,6 @@ class PartitionGraph:
         else:
             recordings.remove(recording)
             recordings.append(recording)  # most recently used last
-        if not recording.use_graph:
-            return self._eager(args)
         if not recording.accepts(args):
             return self._eager(args, "an input expanded when recorded is not expanded now")
         self.stats.replays += 1

@@ -2,6 +2,7 @@
 passes on FX graphs (the GPU side is in test_grace_cuda.py)."""
 
 import dataclasses
+import gc
 import math
 import operator
 import subprocess
@@ -324,6 +325,14 @@ def test_pi_copies_an_input_less_aligned_than_its_placeholder(cpu_graphs, monkey
 @pytest.mark.parametrize("fastest", ["graph", "graph_pi", "eager"])
 def test_scg_chooses_among_no_graph_copies_and_pi(cpu_graphs, monkeypatch, fastest):
     monkeypatch.setattr(runtime, "timer", lambda name, run: (run(), 1.0 if name == fastest else 2.0)[1])
+    alive = weakref.WeakSet()  # every recording made, while something holds it (its graph, its memory)
+
+    class Tracked(runtime._Recording):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            alive.add(self)
+
+    monkeypatch.setattr(runtime, "_Recording", Tracked)
     part, stats, live = _repointable_part(monkeypatch)
     part.selective = True
     w = torch.full((4,), 2.0)
@@ -336,6 +345,8 @@ def test_scg_chooses_among_no_graph_copies_and_pi(cpu_graphs, monkeypatch, faste
     assert (stats.pi_inputs, stats.copy_bytes_per_replay) == ((1, 0) if fastest == "graph_pi" else (0, 16))
     assert stats.status == ("declined" if fastest == "eager" else "captured")
     assert stats.replays == (0 if fastest == "eager" else 4)
+    gc.collect()
+    assert len(alive) == len(part.recordings[()]) == (0 if fastest == "eager" else 1)  # declined: freed
     if fastest == "graph":
         assert stats.pi_reasons == ["SCG: faster copying the inputs than re-pointing the graph"]
 

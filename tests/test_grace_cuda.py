@@ -155,6 +155,7 @@ def test_scg_reads_a_graphs_gpu_time_without_the_hosts_launch_gaps():
 @torch.no_grad()
 def test_scg_declines_a_graph_whose_input_copies_cost_more_than_its_launches():
     torch.compiler.reset()
+    before = torch.cuda.memory_allocated()
     a, b, c = (torch.randn(4 * 2**20, device="cuda") for _ in range(3))
     compiled = torch.compile(eos_like, backend="grace", options={"scg": True, "cgct": False})
     for _ in range(4):
@@ -163,6 +164,8 @@ def test_scg_declines_a_graph_whose_input_copies_cost_more_than_its_launches():
     (stats,) = grace.REPORTS[-1].partitions
     assert stats.scg["choice"] == "eager" and stats.status == "declined", stats.scg
     assert stats.scg["costs"]["copy_bytes"] == 3 * 4 * 2**20 * 4
+    # the declined recording is freed: its three placeholders and its output (16 MiB each) went back
+    assert torch.cuda.memory_allocated() - before - 3 * 2**24 < 2**24
 
 
 def noisy_step(cache, x, pos):
