@@ -72,11 +72,12 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, **kwargs):
         report.notes.append(f"{part}: no CUDA-graph partition (devices: {devices}); runs as compiled")
         return compiled
     wrappers = []
+    group = adapter.collective_group(gm)  # ranks whose SCG decisions must be taken together
     for p in parts:
         stats = runtime.Stats(report.graph, backward, p.index)
         report.partitions.append(stats)
         wrappers.append(functools.partial(runtime.PartitionGraph, partition=p, stats=stats,
-                                          selective=report.options.scg, indirect=report.options.pi))
+                                          selective=report.options.scg, indirect=report.options.pi, group=group))
     adapter.wrap_partitions(compiled, wrappers)
     return compiled
 

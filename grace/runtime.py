@@ -395,9 +395,10 @@ class PartitionGraph:
     """Wraps one partition function (boxed calling convention: it takes a list and empties it)."""
 
     def __init__(self, fn: Callable, partition: adapter.Partition, stats: Stats, selective: bool = False,
-                 indirect: bool = False):
+                 indirect: bool = False, group=None):
         self.fn, self.partition, self.stats = fn, partition, stats
         self.selective, self.indirect = selective, indirect  # SCG, PI
+        self.group = group  # the process group of the partition's collectives: SCG decides with its ranks
         self.recordings: dict[tuple, list[_Recording]] = {}  # by the values of its size arguments, oldest first
         self.rerecords = 0
         self.moves: dict[tuple, dict[int, int]] = {}  # per set of sizes: in-place input -> times it had moved when recorded again
@@ -510,7 +511,8 @@ class PartitionGraph:
         if recording.indirection is not None:
             runs["graph_pi"] = graph(True)
         snapshot = Snapshot([args[i] for i in sorted(self.partition.mutated)])
-        decision = scg.decide(self._costs(recording, device, args, snapshot), runs, timer, snapshot)
+        across = scg.slowest_rank(self.group) if self.group is not None else None
+        decision = scg.decide(self._costs(recording, device, args, snapshot), runs, timer, snapshot, across)
         recording.set_pi(decision.choice == "graph_pi")
         s = self.stats
         s.scg = decision.as_dict()

@@ -22,6 +22,14 @@ The decision is made once per recording, right after it, in two steps:
    after each timing, the RNG state too, so that the caller's results are those of exactly one execution
    (the chosen candidate's, run after the measurement).
 Each decision keeps its inputs, the prediction, the times measured and whether they agreed.
+
+A partition with collectives (tensor parallelism) is decided by all the ranks of its group together:
+each number, predicted or timed, is the slowest rank's (slowest_rank), as an iteration takes the slowest
+rank's time. Every rank then takes the same step and the same choice. Decided apart, one rank's
+prediction can be clear while another's is not, and the rank that times its candidates waits forever in
+a collective its peers never join (speech_transformer split over two H200s hung in setup at a2cc5da,
+its grace variant after its pt2_cg one had set up; each rank's own prediction is the one step there
+that depends on the rank's timing).
 """
 
 from __future__ import annotations
@@ -30,6 +38,9 @@ import dataclasses
 import math
 from collections import Counter
 from typing import Callable
+
+import torch
+import torch.distributed as dist
 
 from grace.snapshot import Snapshot
 
@@ -131,13 +142,31 @@ def measure(runs: dict[str, Callable[[], object]], timer: Timer, restore: Callab
     return times
 
 
-def decide(costs: Costs | None, runs: dict[str, Callable[[], object]], timer: Timer, snapshot: Snapshot) -> Decision:
-    """The decision for one recording; without costs (no node counts) it is measured."""
-    predicted = predict(costs) if costs is not None else {}
+Times = dict[str, list[float]]  # per candidate, one or more times
+
+
+def slowest_rank(group) -> Callable[[Times], Times]:
+    """Each time the slowest of the group's ranks has for it (one all-reduce; every rank must call it
+    with the same candidates and as many times each)."""
+    def across(times: Times) -> Times:
+        names = sorted(times)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
+        t = torch.tensor([times[n] for n in names], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return dict(zip(names, t.tolist()))
+    return across
+
+
+def decide(costs: Costs | None, runs: dict[str, Callable[[], object]], timer: Timer, snapshot: Snapshot,
+           across: Callable[[Times], Times] | None = None) -> Decision:
+    """The decision for one recording; without costs (no node counts) it is measured. `across`: where
+    ranks decide together, what makes each number the slowest rank's (slowest_rank)."""
+    across = across or (lambda times: times)
+    predicted = {n: t for n, (t,) in across({n: [t] for n, t in predict(costs).items()}).items()} if costs is not None else {}
     choice = clear(predicted) if predicted else None
     if choice is not None:
         return Decision(choice, predicted, None, None, costs)
-    rounds = measure(runs, timer, snapshot.restore)
+    rounds = across(measure(runs, timer, snapshot.restore))
     fastest = {name: min(times) for name, times in rounds.items()}
     return Decision(choose(rounds, predicted), predicted, fastest, rounds, costs)
 

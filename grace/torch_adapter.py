@@ -287,3 +287,23 @@ def all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
     import torch.distributed._functional_collectives as funcol
 
     return funcol.all_reduce(t, "sum", group)
+
+
+def collective_group(gm: torch.fx.GraphModule):
+    """The process group whose ranks must run `gm`'s collectives (functional collectives, as Inductor
+    sees them: torch.ops._c10d_functional) in step: the one group they use, the default group where they
+    use several, None where there are none."""
+    names = set()
+    for node in gm.graph.nodes:
+        if not (isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "_c10d_functional"):
+            continue
+        where = [i for i, a in enumerate(node.target._schema.arguments) if a.name == "group_name"]
+        if where:
+            i = where[0]
+            names.add(node.args[i] if i < len(node.args) else node.kwargs["group_name"])
+    if not names:
+        return None
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(names.pop()) if len(names) == 1 else dist.group.WORLD

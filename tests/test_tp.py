@@ -7,6 +7,7 @@ import torch.multiprocessing as mp
 
 from experiments import tp, workloads
 from experiments.task import Task
+from grace import scg
 
 
 def _rank(rank: int, world: int, init: str, name: str, results):
@@ -72,3 +73,55 @@ def test_sweep_measures_a_tensor_parallel_workload_against_tp1(make_cfg):
     (r,) = sweep.store.load()
     assert (r.workload, r.tp, r.status) == ("xlnet", 2, "ok"), r.reason
     assert r.numerics.passed and r.median_ms > 0 and r.key[-1] == 2
+
+
+def _decide_on_rank(rank: int, world: int, init: str, results):
+    """SCG on one rank of two whose partition holds a collective: rank 0's own prediction is clear (a graph
+    by far: 50 launches), rank 1's is not (GPU-bound), and each rank's timings differ."""
+    import datetime
+
+    import torch.distributed._functional_collectives as funcol
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from grace import scg
+    from grace.snapshot import Snapshot
+    from grace.torch_adapter import collective_group
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))  # a rank left waiting fails, not hangs
+    try:
+        group = collective_group(make_fx(lambda t: funcol.all_reduce(t * 2, "sum", dist.group.WORLD))(torch.ones(2)))
+        alone = collective_group(make_fx(lambda t: t * 2)(torch.ones(2)))
+        costs = scg.Costs(kernels=50 if rank == 0 else 2, launch_us=10.0, replay_us=15.0, copy_bytes=0,
+                          copy_bytes_per_us=2000.0, copies=0, gpu_us=0.0 if rank == 0 else 2000.0)
+        mine = {"graph": 1.0, "eager": 2.0} if rank == 0 else {"graph": 3.0, "eager": 2.0}
+        timed = []
+
+        def timer(name, run):  # each run of the partition joins its collective, as the real one would
+            run()
+            timed.append(name)
+            return mine[name]
+
+        d = scg.decide(costs, dict.fromkeys(mine, lambda: dist.all_reduce(torch.ones(1))), timer, Snapshot([]),
+                       scg.slowest_rank(group))
+        results[rank] = (group is not None and dist.get_world_size(group) == world, alone, d.choice,
+                         d.predicted_us, d.rounds_us, len(timed))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_scg_ranks_of_a_partition_with_collectives_decide_together(tmp_path):
+    """Decided apart, rank 0 would take its clear prediction at once while rank 1 timed its candidates,
+    waiting in the first collective for a peer that never comes (two H200s hung so on speech_transformer).
+    Together, both time the candidates, each number the slower rank's, and both choose the same."""
+    world = 2
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_decide_on_rank, args=(world, f"file://{tmp_path / 'init'}", results), nprocs=world)
+        results = dict(results)
+    assert results[0] == results[1]
+    found, alone, choice, predicted, rounds, timed = results[0]
+    assert found and alone is None  # the group is read from the graph's collectives; none: no group
+    assert predicted == {"graph": 2000.0, "eager": 2000.0}  # each the slower rank's: rank 1's GPU-bound one
+    assert rounds == {"graph": [3.0] * scg.ROUNDS, "eager": [2.0] * scg.ROUNDS} and timed == 2 * scg.ROUNDS
+    assert choice == "eager"  # rank 1's timings: rank 0's own would have kept the graph
