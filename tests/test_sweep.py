@@ -276,7 +276,9 @@ def test_a_variant_with_its_own_dynamo_settings_traces_what_stock_dynamo_skips(m
     recs = _by_variant(sweep.store)
     stock, scalars = recs["inductor"], recs["scalars"]
     assert stock.status == "ok" and scalars.status == "ok" and scalars.numerics.passed, scalars.reason
-    assert stock.unique_graphs == 0 and any("frame skipped" in r for r in stock.graph_break_reasons)
+    # stock: the decode loop's frame runs without a graph; the encoder and the decoding step it calls
+    # are compiled (the step twice: one token, then any number)
+    assert stock.unique_graphs == 3 and any("frame skipped" in r for r in stock.graph_break_reasons)
     assert scalars.unique_graphs >= 1 and not any("frame skipped" in r for r in scalars.graph_break_reasons)
 
 
