@@ -15,7 +15,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,11 @@ def latest(records: Iterable[Record]) -> dict[tuple, Record]:
     return newest
 
 
+def current(records: Iterable[Record], revised: Mapping[str, str]) -> list[Record]:
+    """The records made since their workload's last revision (`revised`: name -> UTC date)."""
+    return [r for r in records if r.env.get("date", "") >= revised.get(r.workload, "")]
+
+
 def durations(records: Iterable[Record]) -> dict[tuple, float]:
     """Per workload selection (workload, mode, batch, size, tp), how long its newest measurement took:
     the longest workload_s of its newest session and run (an interrupted one: how long it ran before it
@@ -190,7 +195,9 @@ class RecordStore:
     def latest(self) -> dict[tuple, Record]:
         return latest(self.load())
 
-    def final_keys(self, made_before: str | None = None) -> set[tuple]:
-        """Keys measured already; with `made_before` (an ISO date, UTC), only those measured since then."""
+    def final_keys(self, made_before: str | None = None, revised: Mapping[str, str] | None = None) -> set[tuple]:
+        """Keys measured already; with `made_before` (an ISO date, UTC), only those measured since then;
+        of a workload in `revised` (name -> date of its revision), only those measured since that."""
+        revised = revised or {}
         return {k for k, r in self.latest().items() if r.status in FINAL_STATUSES
-                and not (made_before and r.env.get("date", "") < made_before)}
+                and r.env.get("date", "") >= max(made_before or "", revised.get(r.workload, ""))}

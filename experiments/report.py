@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -139,6 +139,16 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
                  f"{_values(used, 'torch')}, triton {_values(used, 'triton')}, commits {_values(used, 'git_commit')}, "
                  f"between {used['date'].min()} and {used['date'].max()}.")
     return "\n".join(lines) + "\n"
+
+
+def revised(records: Sequence[Record], revisions: Mapping[str, str]) -> str:
+    """A line naming each revised workload whose records made before its revision were left out."""
+    out = Counter(r.workload for r in records if r.env.get("date", "") < revisions.get(r.workload, ""))
+    if not out:
+        return ""
+    return ("- Left out, as made before their workload's last revision (they measured another program; a sweep "
+            "measures it again): " + "; ".join(f"{w} ({n} records before {revisions[w]})" for w, n in sorted(out.items()))
+            + ".\n")
 
 
 def _unmeasured(df: pd.DataFrame, variants: Sequence[str], width: int = 140) -> str:

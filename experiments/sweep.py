@@ -120,7 +120,8 @@ class Sweep:
     def run(self) -> Path:
         start = time.monotonic()
         force = self.cfg.force
-        final = set() if force is True else self.store.final_keys(made_before=str(force) if force else None)
+        revised = workloads.revisions(e.name for e in self.entries)  # records before these measured another program
+        final = set() if force is True else self.store.final_keys(str(force) if force else None, revised)
         took = durations(self.store.load())
         for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
             # The first workload always runs, so that every call makes progress.

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments import figures, report  # noqa: E402
-from experiments.records import RecordStore  # noqa: E402
+from experiments import figures, report, workloads  # noqa: E402
+from experiments.records import RecordStore, current  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -34,6 +34,8 @@ def main(argv=None) -> int:
         print(f"error: no records under {args.results}/*/{args.device}/", file=sys.stderr)
         return 2
     records = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))
+    revised = workloads.revisions({r.workload for r in records})
+    records, before = current(records, revised), records  # a revised workload's older records measured another program
     first = [r for r in records if r.run == 0]  # figures and tables; later runs only measure the spread
     for out in figures.paper_figures(first, args.out):
         print(out)
@@ -43,7 +45,7 @@ def main(argv=None) -> int:
         print(report.write_replay_overhead(replays, args.out))
     for sizes in sorted(args.results.glob(f"pi_microbench/{args.device}/sizes.jsonl")):
         print(figures.pi_microbench_figure(sizes, args.out))
-    results = report.summary(single) + report.spread(figures.single_gpu(records))
+    results = report.summary(single) + report.revised(before, revised) + report.spread(figures.single_gpu(records))
     (args.out / "results.md").write_text(results)
     report.splice(results, args.readme)
     print(args.out / "results.md", "and", args.readme)

@@ -127,3 +127,20 @@ def test_a_figure_drawn_again_from_the_same_records_is_the_same_bytes(tmp_path):
         time.sleep(1.1)  # a creation date, to the second, would differ
     for ext in ("pdf", "png", "csv"):
         assert (tmp_path / "one" / f"fig9.{ext}").read_bytes() == (tmp_path / "two" / f"fig9.{ext}").read_bytes()
+
+
+def test_make_figures_leaves_out_records_made_before_their_workloads_revision(tmp_path, monkeypatch):
+    from experiments.workloads import eos_chain
+
+    monkeypatch.setattr(eos_chain.Model, "revised", "2026-11-30T12:00")
+    stale = [rec("eos_chain", v, 1.0) for v in ("inductor", "pt2_cg")]  # made at 00:00
+    path = tmp_path / "results" / "x" / "nvidia-h200" / "records.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(r.to_json() + "\n" for r in RECORDS + stale))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
+    assert make_figures.main(["--results", str(tmp_path / "results"), "--out", str(tmp_path / "figs"),
+                              "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "eos_chain (2 records before 2026-11-30T12:00)" in text and "| EOS" not in text and "| a eval b1" in text
+    assert "eos_chain" not in pd.read_csv(tmp_path / "figs" / "fig9_speedup.csv")["workload"].str.cat()

@@ -2,7 +2,7 @@ import dataclasses
 import json
 import multiprocessing as mp
 
-from experiments.records import HostStats, KernelStats, Numerics, Record, RecordStore, durations
+from experiments.records import HostStats, KernelStats, Numerics, Record, RecordStore, current, durations
 
 
 def make(variant="inductor", status="ok", run=0, **fields) -> Record:
@@ -74,6 +74,18 @@ def test_records_made_before_a_date_are_not_final_when_asked(tmp_path):
     store.append(make("b", env={"date": "2026-11-30T09:41:02+00:00"}))
     assert {k[4] for k in store.final_keys()} == {"a", "b"}
     assert {k[4] for k in store.final_keys(made_before="2026-11-30T09:30")} == {"b"}
+
+
+def test_records_made_before_their_workloads_revision_are_not_final_and_not_current(tmp_path):
+    store = RecordStore(tmp_path / "r.jsonl")
+    old, new = make("a", env={"date": "2026-11-30T07:23:30+00:00"}), make("b", env={"date": "2026-11-30T09:41:02+00:00"})
+    other = dataclasses.replace(old, workload="eos_chain")
+    for r in (old, new, other):
+        store.append(r)
+    revised = {"mlp": "2026-11-30T08:00"}
+    assert {(k[0], k[4]) for k in store.final_keys(revised=revised)} == {("mlp", "b"), ("eos_chain", "a")}
+    assert {(k[0], k[4]) for k in store.final_keys("2026-11-30T07:00", revised)} == {("mlp", "b"), ("eos_chain", "a")}
+    assert current([old, new, other], revised) == [new, other]
 
 
 def test_a_torn_line_is_skipped_not_fatal(tmp_path):

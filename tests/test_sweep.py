@@ -74,6 +74,22 @@ def test_resume_skips_final_records_and_retries_the_rest(make_cfg):
     assert len(store.load()) == 6
 
 
+def test_a_workload_revised_since_its_records_is_measured_again(make_cfg, monkeypatch):
+    """A change to what a workload runs makes its records stale: the next sweep measures it again, unforced,
+    and leaves the other workloads' records be."""
+    from experiments.workloads import eos_chain
+
+    overrides = ["workload=[mlp,EOS]", "workload.mlp.size=tiny", "workload.EOS.size=tiny", "variant=[eager]"]
+    store = _sweep(make_cfg, *overrides).store
+    assert len(store.load()) == 2
+    monkeypatch.setattr(eos_chain.Model, "revised", "2000-01-01")  # before the records: they stand
+    _sweep(make_cfg, *overrides)
+    assert len(store.load()) == 2
+    monkeypatch.setattr(eos_chain.Model, "revised", "2999-01-01")  # after them
+    _sweep(make_cfg, *overrides)
+    assert [r.workload for r in store.load()[2:]] == ["eos_chain"]
+
+
 def test_a_workload_that_took_longer_than_the_time_left_is_passed_over(make_cfg):
     """A device call is stopped at its limit: a workload that would be interrupted is not started, the
     ones after it still are."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import importlib
 import pkgutil
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -35,6 +36,8 @@ class Workload(abc.ABC):
     origin: ClassVar[str]  # what the model is and where its code comes from (a substitute says why)
     acronyms: ClassVar[dict[str, str]] = {}  # mode -> the paper's name for this workload in that mode
     varying_inputs: ClassVar[bool] = False  # build() returns a list of input sets, taken in turn
+    revised: ClassVar[str] = ""  # UTC date of the last change to what the workload runs: records made before
+                                 # it measured another program (sweeps measure it again, figures leave them out)
 
     def __init__(self, mode: str, batch: int | None = None, size: str = "full", device: str = "cpu"):
         if mode not in MODES:
@@ -65,6 +68,12 @@ class Workload(abc.ABC):
 
 def names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def revisions(of: Iterable[str]) -> dict[str, str]:
+    """Workload name -> the date of its last revision, for the known and revised workloads among `of`."""
+    known = set(names())
+    return {n: get(n).revised for n in of if n in known and get(n).revised}
 
 
 def get(name: str) -> type[Workload]:

@@ -51,6 +51,7 @@ class Model(Workload):
     acronyms = {"eval": "ST"}
     batch_sizes = {"eval": 1}
     origin = "in-house, after TorchBench's speech_transformer (kaituoxu/Speech-Transformer): forced decoding"
+    revised = "2026-11-30T19:42"  # the encoder and the decoding step compiled (before: nothing was)
 
     def build(self):
         if self.tiny:
