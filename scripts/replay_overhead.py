@@ -99,18 +99,23 @@ def bench_args(doc: str, name: str, calls: int, rounds: int) -> argparse.Namespa
     return args
 
 
-def main() -> None:
-    args = bench_args(__doc__, "replay_overhead", calls=300, rounds=7)
-    records = [measure(name, size, args.calls, args.rounds) for name, size in MODELS]
-    out = Path(args.out) / environment.device_tag(environment.current())
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "replay.jsonl"  # not records.jsonl: these are not sweep records
+def append_records(out: str, name: str, records: list[dict], key: str) -> Path:
+    """Append a benchmark's records to <out>/<device>/<name> (not records.jsonl: they are not sweep
+    records), and print each one's medians per call, under its `key`."""
+    path = Path(out) / environment.device_tag(environment.current()) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         for r in records:
             f.write(json.dumps(r, sort_keys=True) + "\n")
     for r in records:
-        print(r["model"], {w: round(v, 1) for w, v in r["median_us_per_call"].items()})
+        print(r[key], {w: round(v, 1) for w, v in r["median_us_per_call"].items()})
     print(f"records: {path}")
+    return path
+
+
+def main() -> None:
+    args = bench_args(__doc__, "replay_overhead", calls=300, rounds=7)
+    append_records(args.out, "replay.jsonl", [measure(name, size, args.calls, args.rounds) for name, size in MODELS], "model")
 
 
 if __name__ == "__main__":

@@ -125,3 +125,15 @@ def test_scg_ranks_of_a_partition_with_collectives_decide_together(tmp_path):
     assert predicted == {"graph": 2000.0, "eager": 2000.0}  # each the slower rank's: rank 1's GPU-bound one
     assert rounds == {"graph": [3.0] * scg.ROUNDS, "eager": [2.0] * scg.ROUNDS} and timed == 2 * scg.ROUNDS
     assert choice == "eager"  # rank 1's timings: rank 0's own would have kept the graph
+
+
+def test_allreduce_latency_records_a_time_per_size_for_two_ranks():
+    """scripts/allreduce_latency.py on two CPU processes (gloo): one record per size, with the launched
+    all-reduces timed in every round (a graph's replay needs CUDA)."""
+    from scripts import allreduce_latency
+
+    records = allreduce_latency.run(2, calls=3, rounds=2, sizes=[8 << 10, 64 << 10])
+    assert [r["bytes"] for r in records] == [8 << 10, 64 << 10]
+    for r in records:
+        assert set(r["us_per_call_by_round"]) == {"launched"} and len(r["us_per_call_by_round"]["launched"]) == 2
+        assert r["median_us_per_call"]["launched"] > 0 and r["ranks"] == 2 and r["env"]["torch"]
