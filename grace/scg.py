@@ -160,13 +160,20 @@ def slowest_rank(group) -> Callable[[Times], Times]:
 def decide(costs: Costs | None, runs: dict[str, Callable[[], object]], timer: Timer, snapshot: Snapshot,
            across: Callable[[Times], Times] | None = None) -> Decision:
     """The decision for one recording; without costs (no node counts) it is measured. `across`: where
-    ranks decide together, what makes each number the slowest rank's (slowest_rank)."""
-    across = across or (lambda times: times)
-    predicted = {n: t for n, (t,) in across({n: [t] for n, t in predict(costs).items()}).items()} if costs is not None else {}
-    choice = clear(predicted) if predicted else None
+    ranks decide together, what makes each number the slowest rank's (slowest_rank); the candidates are
+    then those every rank has, so that each rank times the same runs."""
+    predicted = predict(costs) if costs is not None else {}
+    if across is not None:  # first the candidates every rank has (PI's may be off on one), then the numbers
+        absent = across({n: [float(n not in runs)] for n in CANDIDATES})
+        runs = {n: runs[n] for n in CANDIDATES if not absent[n][0]}
+        slowest = across({n: [predicted.get(n, math.inf)] for n in runs})
+        predicted = {n: t for n, (t,) in slowest.items() if t < math.inf}
+    choice = clear(predicted) if len(predicted) > 1 else None
     if choice is not None:
         return Decision(choice, predicted, None, None, costs)
-    rounds = across(measure(runs, timer, snapshot.restore))
+    rounds = measure(runs, timer, snapshot.restore)
+    if across is not None:
+        rounds = across(rounds)
     fastest = {name: min(times) for name, times in rounds.items()}
     return Decision(choose(rounds, predicted), predicted, fastest, rounds, costs)
 
