@@ -221,8 +221,10 @@ class Sweep:
         out of GPU memory even when set up alone beside the others' workers, unrecorded."""
         m = self.measure
         workers: dict[str, tuple[Variant, Worker, Setup]] = {}
+        started: list[Worker] = []  # every worker, set up or not
+        stopping = False
         try:
-            deferred = self._set_up(entry, run, variants, workers, reference, defer)
+            deferred = self._set_up(entry, run, variants, workers, reference, defer, started)
             log.info("%s: %d variants set up after %.0f s", entry.name, len(workers), time.monotonic() - start)
             rounds = self._time_rounds(entry, run, workers)
             log.info("%s: timed after %.0f s", entry.name, time.monotonic() - start)
@@ -239,9 +241,12 @@ class Sweep:
                                             kernels=kernels, host=host, set_up_beside=self._beside[name],
                                             **asdict(diagnostics)))
             return deferred
+        except KeyboardInterrupt:  # stopped from outside: killed at once, so that the records still get written
+            stopping = True  # (on two H200s a TP worker stuck in NCCL held the sweep until the call's kill)
+            raise
         finally:
-            for _, worker, _ in workers.values():
-                worker.close()
+            for worker in started:
+                worker.close(wait_s=0 if stopping else 60)
 
     def _reference(self, entry: Entry, run: int, variants: list[Variant], path: str) -> str | None:
         """The numerics reference of this workload (Bench.reference), in a worker of its own before any
@@ -257,12 +262,16 @@ class Sweep:
             for v in variants:
                 self._unmeasured(entry, run, v, "failed", f"numerics reference: {e}")
             return None
+        except KeyboardInterrupt:
+            worker.close(wait_s=0)
+            raise
         finally:
             worker.close()
 
     def _set_up(self, entry: Entry, run: int, variants: list[Variant], workers: dict, reference: str,
-                defer: bool) -> list[Variant]:
-        """Start a worker per variant and set it up, adding those that succeed to `workers`: one after
+                defer: bool, started: list[Worker]) -> list[Variant]:
+        """Start a worker per variant (each added to `started`, for the caller to close) and set it up,
+        adding those that succeed to `workers`: one after
         another, so that compile latencies do not overlap, or all at once (measure.parallel_setup). Those
         that time themselves while setting up (SCG) are set up one at a time after the others, on a GPU no
         other worker is using: at 09e16c1 XLNET-T's SCG timed its backward beside seven compiling workers
@@ -281,11 +290,12 @@ class Sweep:
         groups = [g for g in groups if g]
         while groups:
             group = groups.pop(0)
-            started = [(v, Worker(self._spec(entry, v), m.timeout_s)) for v in group]
-            for _, worker in started:
+            group_workers = [(v, Worker(self._spec(entry, v), m.timeout_s)) for v in group]
+            started += [worker for _, worker in group_workers]
+            for _, worker in group_workers:
                 worker.request("setup", reference)
-            for v, worker in started:
-                self._beside[v.name] = len(started) - 1
+            for v, worker in group_workers:
+                self._beside[v.name] = len(group_workers) - 1
                 try:
                     workers[v.name] = (v, worker, worker.reply())
                 except WorkerError as e:

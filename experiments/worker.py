@@ -76,13 +76,15 @@ class Worker:
         self.request(method, *args)
         return self.reply()
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 60) -> None:
+        """Ask the worker to finish and wait up to `wait_s` for it, then kill it (0: at once, as when the
+        sweep is being stopped: a worker may be stuck in a collective its peers left)."""
         if self._proc.is_alive():
             try:
                 self._conn.send(("close", ()))
             except OSError:
                 pass
-            self._proc.join(60)
+            self._proc.join(wait_s)
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join()

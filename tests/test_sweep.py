@@ -244,11 +244,34 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
     sweep = Sweep(make_cfg("workload=[mlp]", "variant=[inductor,pt2_cg,scg,grace]", "measure.parallel_setup=true"))
     assert [v.times_itself for v in sweep.variants] == [False, False, True, True]
     workers = {}
-    assert sweep._set_up(sweep.entries[0], 0, sweep.variants, workers, "ref.pt", defer=True) == []
+    assert sweep._set_up(sweep.entries[0], 0, sweep.variants, workers, "ref.pt", defer=True, started=[]) == []
     assert list(workers) == ["inductor", "pt2_cg", "scg", "grace"]
     assert sweep._beside == {"inductor": 1, "pt2_cg": 1, "scg": 0, "grace": 0}
     assert events == [("start", "inductor"), ("start", "pt2_cg"), ("end", "inductor"), ("end", "pt2_cg"),
                       ("start", "scg"), ("end", "scg"), ("start", "grace"), ("end", "grace")]
+
+
+def test_a_sweep_stopped_during_a_setup_kills_every_worker_and_records_the_rest_as_interrupted(make_cfg, monkeypatch):
+    """SIGINT while a variant sets up (on two H200s a TP worker hung there, in NCCL): no worker is waited
+    for, the one being set up included, and the variants not yet recorded say interrupted."""
+    started = []
+
+    class Stopped(sweep_module.Worker):
+        def __init__(self, spec, timeout_s):
+            super().__init__(spec, timeout_s)
+            started.append(self)
+
+        def reply(self):
+            if self._method == "setup" and len(started) == 3:  # the reference's worker, eager's, inductor's
+                raise KeyboardInterrupt
+            return super().reply()
+
+    monkeypatch.setattr(sweep_module, "Worker", Stopped)
+    sweep = Sweep(make_cfg("workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]"))
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run()
+    assert len(started) == 3 and not any(w._proc.is_alive() for w in started)
+    assert {r.variant: r.status for r in sweep.store.load()} == {"eager": "interrupted", "inductor": "interrupted"}
 
 
 def test_a_failed_numerics_reference_fails_every_variant_with_its_reason(make_cfg, monkeypatch):
