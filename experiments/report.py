@@ -13,7 +13,7 @@ import pandas as pd
 
 from experiments import stats
 from experiments.figures import BASELINE, frame, json_lines, label, speedups
-from experiments.records import Record, latest
+from experiments.records import Record, current, latest
 
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -143,7 +143,7 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
 
 def revised(records: Sequence[Record], revisions: Mapping[str, str]) -> str:
     """A line naming each revised workload whose records made before its revision were left out."""
-    out = Counter(r.workload for r in records if r.env.get("date", "") < revisions.get(r.workload, ""))
+    out = Counter(r.workload for r in records) - Counter(r.workload for r in current(records, revisions))
     if not out:
         return ""
     return ("- Left out, as made before their workload's last revision (they measured another program; a sweep "

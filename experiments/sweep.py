@@ -15,12 +15,13 @@ would only be interrupted and lose its progress.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -92,6 +93,22 @@ def _deadline(value: Any) -> float | None:
         return datetime.fromisoformat(str(value)).replace(tzinfo=timezone.utc).timestamp()
     except ValueError:
         raise ConfigError(f"deadline must be a UTC time such as 2026-11-30T18:40:00, got {value!r}") from None
+
+
+@contextlib.contextmanager
+def _closing(workers: list[Worker]) -> Iterator[list[Worker]]:
+    """Close `workers` (those added inside the block too) on the way out; at once if the sweep is being
+    stopped from outside (SIGINT), so that its records still get written: a worker may be stuck in a
+    collective its peers left (on two H200s a TP worker stuck in NCCL held the sweep until the call's kill)."""
+    stopping = False
+    try:
+        yield workers
+    except KeyboardInterrupt:
+        stopping = True
+        raise
+    finally:
+        for worker in workers:
+            worker.close(wait_s=0 if stopping else 60)
 
 
 def records_path(cfg: DictConfig, env: environment.Environment) -> Path:
@@ -221,9 +238,7 @@ class Sweep:
         out of GPU memory even when set up alone beside the others' workers, unrecorded."""
         m = self.measure
         workers: dict[str, tuple[Variant, Worker, Setup]] = {}
-        started: list[Worker] = []  # every worker, set up or not
-        stopping = False
-        try:
+        with _closing([]) as started:  # every worker, set up or not
             deferred = self._set_up(entry, run, variants, workers, reference, defer, started)
             log.info("%s: %d variants set up after %.0f s", entry.name, len(workers), time.monotonic() - start)
             rounds = self._time_rounds(entry, run, workers)
@@ -241,12 +256,6 @@ class Sweep:
                                             kernels=kernels, host=host, set_up_beside=self._beside[name],
                                             **asdict(diagnostics)))
             return deferred
-        except KeyboardInterrupt:  # stopped from outside: killed at once, so that the records still get written
-            stopping = True  # (on two H200s a TP worker stuck in NCCL held the sweep until the call's kill)
-            raise
-        finally:
-            for worker in started:
-                worker.close(wait_s=0 if stopping else 60)
 
     def _reference(self, entry: Entry, run: int, variants: list[Variant], path: str) -> str | None:
         """The numerics reference of this workload (Bench.reference), in a worker of its own before any
@@ -254,25 +263,20 @@ class Sweep:
         if not variants:
             return None
         spec = replace(self._spec(entry, variants[0]), tp=1)  # the whole model, eager
-        worker = Worker(spec, self.measure.timeout_s)
-        try:
-            worker.call("reference", path)
-            return path
-        except WorkerError as e:
-            for v in variants:
-                self._unmeasured(entry, run, v, "failed", f"numerics reference: {e}")
-            return None
-        except KeyboardInterrupt:
-            worker.close(wait_s=0)
-            raise
-        finally:
-            worker.close()
+        with _closing([Worker(spec, self.measure.timeout_s)]) as (worker,):
+            try:
+                worker.call("reference", path)
+                return path
+            except WorkerError as e:
+                for v in variants:
+                    self._unmeasured(entry, run, v, "failed", f"numerics reference: {e}")
+                return None
 
     def _set_up(self, entry: Entry, run: int, variants: list[Variant], workers: dict, reference: str,
                 defer: bool, started: list[Worker]) -> list[Variant]:
         """Start a worker per variant (each added to `started`, for the caller to close) and set it up,
-        adding those that succeed to `workers`: one after
-        another, so that compile latencies do not overlap, or all at once (measure.parallel_setup). Those
+        adding those that succeed to `workers`: one after another, so that compile latencies do not
+        overlap, or all at once (measure.parallel_setup). Those
         that time themselves while setting up (SCG) are set up one at a time after the others, on a GPU no
         other worker is using: at 09e16c1 XLNET-T's SCG timed its backward beside seven compiling workers
         (its graph's rounds 57-73 ms for 39 ms of kernels), kept it without a graph, and measured 6 % slower

@@ -33,9 +33,9 @@ def main(argv=None) -> int:
     if not paths:
         print(f"error: no records under {args.results}/*/{args.device}/", file=sys.stderr)
         return 2
-    records = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))
-    revised = workloads.revisions({r.workload for r in records})
-    records, before = current(records, revised), records  # a revised workload's older records measured another program
+    every = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))
+    revised = workloads.revisions({r.workload for r in every})
+    records = current(every, revised)  # a revised workload's older records measured another program
     first = [r for r in records if r.run == 0]  # figures and tables; later runs only measure the spread
     for out in figures.paper_figures(first, args.out):
         print(out)
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         print(report.write_replay_overhead(replays, args.out))
     for sizes in sorted(args.results.glob(f"pi_microbench/{args.device}/sizes.jsonl")):
         print(figures.pi_microbench_figure(sizes, args.out))
-    results = report.summary(single) + report.revised(before, revised) + report.spread(figures.single_gpu(records))
+    results = report.summary(single) + report.revised(every, revised) + report.spread(figures.single_gpu(records))
     (args.out / "results.md").write_text(results)
     report.splice(results, args.readme)
     print(args.out / "results.md", "and", args.readme)

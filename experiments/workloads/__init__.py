@@ -72,8 +72,8 @@ def names() -> list[str]:
 
 def revisions(of: Iterable[str]) -> dict[str, str]:
     """Workload name -> the date of its last revision, for the known and revised workloads among `of`."""
-    known = set(names())
-    return {n: get(n).revised for n in of if n in known and get(n).revised}
+    dates = {n: get(n).revised for n in set(of) & set(names())}
+    return {n: d for n, d in dates.items() if d}
 
 
 def get(name: str) -> type[Workload]:
