@@ -31,6 +31,7 @@ def _rank(rank: int, spec: Spec, init: str) -> None:
             dist.broadcast_object_list(command, src=0)
             method, args = command
             if method == "close":
+                bench.close()  # its graphs freed first: see Bench.close
                 return
             getattr(bench, method)(*args)
     finally:
@@ -71,6 +72,7 @@ class TPBench(Bench):
 
     def close(self) -> None:
         dist.broadcast_object_list(["close", ()], src=0)
+        super().close()
         # Under NCCL destroying is collective (ncclCommDestroy returns once every rank has called it): rank 0
         # destroys beside the others, then joins them. Joined first, it waited out the 60 s for each rank,
         # blocked in its own destroy: 2 minutes a workload on two H200s (DALLE2, its two variants).

@@ -6,6 +6,7 @@ A worker that dies or stops answering becomes a WorkerError in the parent, never
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import tempfile
@@ -13,6 +14,8 @@ from typing import Any
 
 from experiments.bench import Bench, Spec
 from experiments.tp_bench import TPBench
+
+log = logging.getLogger(__name__)
 
 
 class WorkerError(RuntimeError):
@@ -31,8 +34,7 @@ def _serve(conn, spec: Spec) -> None:
             except EOFError:
                 return
             if method == "close":
-                if isinstance(bench, TPBench):
-                    bench.close()
+                bench.close()
                 return
             try:
                 conn.send(("ok", getattr(bench, method)(*args)))
@@ -86,6 +88,8 @@ class Worker:
                 pass
             self._proc.join(wait_s)
         if self._proc.is_alive():
+            if wait_s:
+                log.warning("%s: still running %.0f s after being asked to close; killed", self._proc.name, wait_s)
             self._proc.kill()
             self._proc.join()
         self._conn.close()

@@ -41,30 +41,38 @@ def measure(rank: int, world: int, init: str, sizes: list[int], calls: int, roun
     dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world)
     try:
         for nbytes in sizes:
-            x = torch.zeros(nbytes // 2, dtype=torch.bfloat16, device=device)
-
-            def launched():
-                dist.all_reduce(x)
-
-            launched()  # warm: the communicator's buffers for this size
-            times: dict[str, list[float]] = {"launched": []}
-            graph = None
-            if cuda:
-                graph, times["graph"] = torch.cuda.CUDAGraph(), []
-                with torch.cuda.graph(graph):
-                    for _ in range(calls):
-                        launched()
-                graph.replay()
-            for _ in range(rounds):
-                dist.barrier()
-                times["launched"].append(per_call_us(launched, calls, device))
-                if graph is not None:
-                    dist.barrier()
-                    times["graph"].append(per_call_us(graph.replay, 1, device) / calls)
+            times = _time_size(torch.zeros(nbytes // 2, dtype=torch.bfloat16, device=device), calls, rounds)
             if rank == 0:
                 results[nbytes] = times
     finally:
+        # Only once each size's graph is freed (on _time_size's return): NCCL counts the CUDA graphs that
+        # captured its collectives, and destroying a communicator waits until none is left (pytorch#115388);
+        # on two H200s this script hung here while the last size's graph was still referenced.
         dist.destroy_process_group()
+
+
+def _time_size(x: torch.Tensor, calls: int, rounds: int) -> dict[str, list[float]]:
+    """Per round, the time per all-reduce of `x`: launched, and replayed from a graph (CUDA only)."""
+
+    def launched():
+        dist.all_reduce(x)
+
+    launched()  # warm: the communicator's buffers for this size
+    times: dict[str, list[float]] = {"launched": []}
+    graph = None
+    if x.is_cuda:
+        graph, times["graph"] = torch.cuda.CUDAGraph(), []
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                launched()
+        graph.replay()
+    for _ in range(rounds):
+        dist.barrier()
+        times["launched"].append(per_call_us(launched, calls, x.device))
+        if graph is not None:
+            dist.barrier()
+            times["graph"].append(per_call_us(graph.replay, 1, x.device) / calls)
+    return times
 
 
 def run(world: int, calls: int, rounds: int, sizes: list[int] = SIZES) -> list[dict]:
