@@ -78,7 +78,12 @@ if [ "${BENCH:-0}" = 1 ]; then
 fi
 # deadline: when the step will be stopped (a workload that took longer last time than is left is passed over)
 deadline=$(date -u -d "+$(( $(left) - 10 )) seconds" +%Y-%m-%dT%H:%M:%S)
+# The records are copied out every 15 s as well: a call that ran past its limit (TP ranks slow to stop) lost
+# every record of its sweep when only the copy after it was made.
+( while sleep 15; do cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null; done ) &
+saver=$!
 step python3 run.py ${MULTIRUN:+-m} experiment="$experiment" budget_s="$budget" deadline="$deadline" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
+kill $saver
 tail -5 "$out/$experiment.log"
 cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
 ls "$out"
