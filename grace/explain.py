@@ -73,7 +73,8 @@ class Explanation:
             "kernels_in_graphs": int(df.kernels_in_graph.fillna(0).mul(df.replays).sum()) if len(df) else 0,
             "kernels_launched": self.kernels.kernels if self.kernels else None,
             "kernels_outside_graphs": self.kernels.kernels - self.kernels.in_graphs if self.kernels else None,
-            "not_captured": sorted({f"{r.reason}" for r in df.itertuples() if r.status != "captured"}),
+            "not_captured": sorted({r.reason or "warm-up: not yet called twice at the same sizes"
+                                    for r in df.itertuples() if r.status != "captured"}),
             "without_graph": sorted({r.reason or "a first call at new sizes, or SCG's choice at these sizes"
                                      for r in df.itertuples() if r.status == "captured" and r.without_graph}),
             "pi_inputs": int(df.inputs_pi.sum()) if len(df) else 0,
