@@ -239,7 +239,10 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
 
 def fake_propagate(gm, example_inputs) -> None:
     """Fill node.meta["val"] of a Dynamo graph by running it on fake tensors (in the graph's own fake
-    mode when its nodes carry one)."""
+    mode when its nodes carry one), under the Python dispatcher as Dynamo traces: without it, a composite
+    op given symbolic sizes (VM's F.interpolate(mask, size=(max(s, ...), 1))) asks for concrete ones and
+    the graph could not be propagated, so CGCT did not run on it."""
+    from torch._dispatch.python import enable_python_dispatcher
     from torch._guards import detect_fake_mode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -252,7 +255,8 @@ def fake_propagate(gm, example_inputs) -> None:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
     inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor)
               else x for x in example_inputs]
-    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
+    with enable_python_dispatcher():
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
 
 
 def register_backend(fn, name: str) -> None:

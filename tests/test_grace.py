@@ -11,6 +11,7 @@ import weakref
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import fx
 
 import grace
@@ -739,6 +740,25 @@ def test_cgct_undoes_a_pass_that_breaks_an_output(monkeypatch):
     notes = cgct.apply(gm, [_fake_gpu(4), torch.zeros(10)])
     assert notes[0].startswith("wrong: undone (ValueError: an output would change device"), notes
     assert gm.code == before
+
+
+def test_fake_propagation_follows_symbolic_sizes_through_composite_ops():
+    """VM's mask pasting: F.interpolate to a size computed from a dynamic dim. Dynamo traces it under the
+    Python dispatcher; propagated without it, the composite op asked for concrete sizes, and CGCT was not
+    run on 3 of VM's graphs ("the graph cannot be propagated with fake tensors")."""
+    shapes = []
+
+    def backend(gm, example_inputs):
+        fake_propagate(gm, example_inputs)  # raising here fails the compile, and the test
+        shapes.append(next(n for n in gm.graph.nodes if n.op == "output").args[0][0].meta["val"].shape)
+        return gm.forward
+
+    def paste(mask, boxes):
+        return F.interpolate(mask[None, None], size=(max(boxes.shape[0], 2), 1), mode="bilinear", align_corners=False)
+
+    out = torch.compile(paste, backend=backend, dynamic=True)(torch.randn(30, 30), torch.randn(5, 4))
+    assert out.shape == (1, 1, 5, 1) and len(shapes) == 1
+    assert not isinstance(shapes[0][2], int)  # the size stays symbolic: max(s, 2)
 
 
 # --- SCG: the cost model, and decisions taken on a call's own inputs with a fake timer ---------------
