@@ -65,20 +65,24 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
     return df
 
 
-def acronym(workload: str, mode: str, batch: int, size: str) -> str | None:
-    """The paper's acronym where the record is that workload as the paper ran it, else None."""
+def acronym(workload: str, mode: str, batch: int, size: str, any_batch: bool = False) -> str | None:
+    """The paper's acronym where the record is that workload as the paper ran it (`any_batch`: at any
+    batch size), else None."""
     try:
         cls = workloads.get(workload)
     except workloads.UnknownWorkload:
         return None
     name = cls.acronyms.get(mode)
-    return name if name and size == "full" and batch == cls.batch_sizes.get(mode) else None
+    return name if name and size == "full" and (any_batch or batch == cls.batch_sizes.get(mode)) else None
 
 
 def label(workload: str, mode: str, batch: int, size: str) -> str:
-    """The paper's acronym where the record is that workload as the paper ran it, else a description."""
+    """The paper's acronym where the record is that workload as the paper ran it, with the batch size
+    where it is another (Fig 11's XLNET-I at 128), else a description."""
     if paper := acronym(workload, mode, batch, size):
         return paper
+    if paper := acronym(workload, mode, batch, size, any_batch=True):
+        return f"{paper} b{batch}"
     tiny = " tiny" if size == "tiny" else ""
     return f"{workload} {mode} b{batch}{tiny}"
 
@@ -120,7 +124,10 @@ def _save(fig, data: pd.DataFrame, out: Path, name: str, index_label: str = "wor
     return out / f"{name}.png"
 
 
-def _bars(table: pd.DataFrame, title: str, overlay: pd.Series | None = None):
+def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | None = None,
+          reference: float | None = 1.0):
+    """Grouped bars, one group per row of `table` and one bar per column; a missing value is written
+    "missing" where its bar would be; `reference`: a horizontal line (1.0: no speedup)."""
     sns.set_theme(style="whitegrid", context="paper")
     labels, variants = list(table.index), list(table.columns)
     width = 0.8 / max(len(variants), 1)
@@ -138,9 +145,10 @@ def _bars(table: pd.DataFrame, title: str, overlay: pd.Series | None = None):
     if overlay is not None:
         ax.scatter(x, overlay.reindex(labels).to_numpy(dtype=float), marker="_", s=400, color="black", zorder=3,
                    label=LABELS.get(overlay.name, overlay.name))
-    ax.axhline(1.0, color="0.3", linewidth=0.8)
+    if reference is not None:
+        ax.axhline(reference, color="0.3", linewidth=0.8)
     ax.set_xticks(x, labels, rotation=35, ha="right")
-    ax.set_ylabel(f"speedup over {LABELS[BASELINE]}")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7)
     return fig
@@ -159,7 +167,7 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
     table = speedups(df, [*variants, *([overlay] if overlay else [])])
     order = (table[variants[-1]] / table[variants[0]]).sort_values(na_position="last").index
     table = with_geomean(table.reindex(order))
-    fig = _bars(table[list(variants)], title, table[overlay] if overlay else None)
+    fig = _bars(table[list(variants)], title, f"speedup over {LABELS[BASELINE]}", table[overlay] if overlay else None)
     return _save(fig, table, out, name)
 
 
@@ -200,10 +208,7 @@ def tp_figure(records: Iterable[Record], out: Path, variants: Sequence[str] = ("
     df = df.assign(bar=[f"{LABELS.get(v, v)} TP{t}" for v, t in zip(df["variant"], df["tp"])])
     table = df.pivot_table(index="label", columns="bar", values="median_ms")
     table = table[sorted(table.columns, key=lambda c: (c.split(" TP")[0] != LABELS.get(variants[0]), int(c.split(" TP")[1])))]
-    sns.set_theme(style="whitegrid", context="paper")
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(table) * len(table.columns) / 2 + 2), 4))
-    table.plot.bar(ax=ax, rot=0, color=sns.color_palette("colorblind", len(table.columns)))
-    ax.set(ylabel="ms per iteration (slowest rank)", xlabel="", title="Fig 11: tensor parallelism")
+    fig = _bars(table, "Fig 11: tensor parallelism", "ms per iteration (slowest rank)", reference=None)
     return _save(fig, table, out, "fig11_tp")
 
 

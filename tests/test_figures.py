@@ -83,8 +83,10 @@ def test_make_figures_script(tmp_path):
 def test_paper_workloads_are_labelled_by_their_acronym():
     r = rec("xlnet", "inductor", 1.0)
     assert figures.frame([r])["label"].tolist() == ["XLNET-I"]
-    r.batch = 4  # not the paper's batch: described, not named
-    assert figures.frame([r])["label"].tolist() == ["xlnet eval b4"]
+    r.batch = 4  # not the paper's batch (as Fig 11's XLNet at 128): named with its batch, not a paper point
+    assert figures.frame([r])[["label", "paper"]].values.tolist() == [["XLNET-I b4", False]]
+    r.size = "tiny"  # not the paper's model: described
+    assert figures.frame([r])["label"].tolist() == ["xlnet eval b4 tiny"]
 
 
 def test_pi_microbench_figure_marks_where_pi_starts_to_win(tmp_path):
