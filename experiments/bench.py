@@ -54,9 +54,10 @@ class Diagnostics:
 
 @dataclass(frozen=True)
 class Round:
-    times_ms: list[float]  # wall time of each timed iteration
+    times_ms: list[float]  # wall time of each timed iteration (TP: of the slowest rank)
     launch_us: float  # the host's launch cost right after them
     sm_clock_mhz: float | None  # and the SM clock
+    rank_times_ms: list[list[float]] | None = None  # TP: each rank's own times, by rank
 
 
 @dataclass(frozen=True)
@@ -182,11 +183,12 @@ class Bench:
         next call."""
         self._step()
         times = time_iterations(self._step, iters, self.device)
+        every = None
         if self.spec.tp > 1:  # an iteration takes as long as its slowest rank
             every = [None] * self.spec.tp
             dist.all_gather_object(every, times)
             times = [max(t) for t in zip(*every)]
-        result = Round(times, launch_cost_us(self.device, launches), sm_clock_mhz(self.device))
+        result = Round(times, launch_cost_us(self.device, launches), sm_clock_mhz(self.device), every)
         self._release()
         return result
 

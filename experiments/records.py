@@ -82,7 +82,8 @@ class Record:
     set_up_beside: int | None = None  # other variants' workers setting up at the same time (0: alone):
     # compile_s, and SCG's timings taken while setting up, are undisturbed only at 0
     iter_ms: list[list[float]] = field(default_factory=list)  # wall time per timed iteration, per round
-    median_ms: float | None = None
+    median_ms: float | None = None  # TP: of each iteration's slowest rank (rank_median_ms: each rank's own)
+    rank_median_ms: list[float] | None = None  # TP: each rank's median over its own timed iterations
     p25_ms: float | None = None
     p75_ms: float | None = None
     baseline: str | None = None  # variant that round_ratios divide by, when it ran in the same session

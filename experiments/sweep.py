@@ -349,6 +349,8 @@ class Sweep:
         return self._record(
             entry, run, v, status, reason=reason, compile_s=setup.compile_s, warmup_s=setup.warmup_s,
             iter_ms=iter_ms, median_ms=stats.median(all_ms), p25_ms=p25, p75_ms=p75,
+            rank_median_ms=[stats.median(stats.flatten(ranks)) for ranks in zip(*(r.rank_times_ms for r in rounds))]
+            if rounds[0].rank_times_ms else None,
             baseline=self.cfg.baseline if compare_to_baseline else None,
             round_ratios=stats.round_ratios(iter_ms, [r.times_ms for r in baseline_rounds]) if compare_to_baseline else None,
             launch_us=[r.launch_us for r in rounds], sm_clock_mhz=[r.sm_clock_mhz for r in rounds],

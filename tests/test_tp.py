@@ -73,6 +73,8 @@ def test_sweep_measures_a_tensor_parallel_workload_against_tp1(make_cfg):
     (r,) = sweep.store.load()
     assert (r.workload, r.tp, r.status) == ("xlnet", 2, "ok"), r.reason
     assert r.numerics.passed and r.median_ms > 0 and r.key[-1] == 2
+    # each rank's own median is kept too; each iteration's slowest rank is never faster than any rank
+    assert len(r.rank_median_ms) == 2 and r.median_ms >= max(r.rank_median_ms) > 0
 
 
 def _decide_on_rank(rank: int, world: int, init: str, results):
