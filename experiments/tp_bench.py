@@ -72,10 +72,9 @@ class TPBench(Bench):
 
     def close(self) -> None:
         dist.broadcast_object_list(["close", ()], src=0)
-        super().close()
+        super().close()  # the graphs freed first: see Bench.close
         # Under NCCL destroying is collective (ncclCommDestroy returns once every rank has called it): rank 0
-        # destroys beside the others, then joins them. Joined first, it waited out the 60 s for each rank,
-        # blocked in its own destroy: 2 minutes a workload on two H200s (DALLE2, its two variants).
+        # destroys beside the others, then joins them.
         dist.destroy_process_group()
         for p in self.helpers:
             p.join(60)
