@@ -95,6 +95,13 @@ def _deadline(value: Any) -> float | None:
         raise ConfigError(f"deadline must be a UTC time such as 2026-11-30T18:40:00, got {value!r}") from None
 
 
+def _rank_medians(rounds: list[Round]) -> list[float] | None:
+    """TP: each rank's median over all its timed iterations; None for one rank."""
+    if not rounds[0].rank_times_ms:
+        return None
+    return [stats.median(stats.flatten(by_round)) for by_round in zip(*(r.rank_times_ms for r in rounds))]
+
+
 @contextlib.contextmanager
 def _closing(workers: list[Worker]) -> Iterator[list[Worker]]:
     """Close `workers` (those added inside the block too) on the way out; at once if the sweep is being
@@ -349,8 +356,7 @@ class Sweep:
         return self._record(
             entry, run, v, status, reason=reason, compile_s=setup.compile_s, warmup_s=setup.warmup_s,
             iter_ms=iter_ms, median_ms=stats.median(all_ms), p25_ms=p25, p75_ms=p75,
-            rank_median_ms=[stats.median(stats.flatten(ranks)) for ranks in zip(*(r.rank_times_ms for r in rounds))]
-            if rounds[0].rank_times_ms else None,
+            rank_median_ms=_rank_medians(rounds),
             baseline=self.cfg.baseline if compare_to_baseline else None,
             round_ratios=stats.round_ratios(iter_ms, [r.times_ms for r in baseline_rounds]) if compare_to_baseline else None,
             launch_us=[r.launch_us for r in rounds], sm_clock_mhz=[r.sm_clock_mhz for r in rounds],

@@ -28,6 +28,7 @@ mkdir -p "$out"
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python3 -c "import hydra" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 pin=${CPUS:+taskset -c $CPUS}
+save_records() { cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null; }
 # Every step runs under what is left of LIMIT (a step that would start with under 20 s left is not
 # started): on the first call of a session the CUDA tests alone took 8.5 min on the two-GPU kind, and a
 # benchmark started after them ran past the call's limit, losing every file of the call.
@@ -62,7 +63,7 @@ if [ "${SHARDS:-1}" = 2 ]; then
   wait
   cp /tmp/out_b/"$experiment".log "$out/${experiment}_b.log"
   tail -3 "$out/${experiment}_b.log"
-  cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
+  save_records
   exit 0
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
@@ -80,10 +81,10 @@ fi
 deadline=$(date -u -d "+$(( $(left) - 10 )) seconds" +%Y-%m-%dT%H:%M:%S)
 # The records are copied out every 15 s as well: a call that ran past its limit (TP ranks slow to stop) lost
 # every record of its sweep when only the copy after it was made.
-( while sleep 15; do cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null; done ) &
+( while sleep 15; do save_records; done ) &
 saver=$!
 step python3 run.py ${MULTIRUN:+-m} experiment="$experiment" budget_s="$budget" deadline="$deadline" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
 kill $saver
 tail -5 "$out/$experiment.log"
-cp results/"$experiment"/*/records.jsonl "$out/${experiment}_records.jsonl" 2>/dev/null
+save_records
 ls "$out"
