@@ -6,7 +6,6 @@ alternates between them round by round.
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -162,13 +161,14 @@ class Bench:
         return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
 
     def close(self) -> None:
-        """Drop the compiled model and with it every CUDA graph it recorded (Dynamo's caches hold GraCE's;
-        the reset also clears stock graph trees). A TP rank must do this before destroying its process
-        group: NCCL counts the graphs that captured its collectives, and destroying a communicator waits
-        until every one is freed (pytorch#115388; ST's TP2 workers on two H200s hung there until killed)."""
+        """Drop the compiled model and free every CUDA graph recorded (grace.reset: stock graph trees
+        through Dynamo's reset, GraCE's own). A TP rank must do this before destroying its process group:
+        NCCL counts the graphs that captured its collectives, and destroying a communicator waits until
+        every one is freed (pytorch#115388). Dropping the model and resetting Dynamo freed stock's graphs
+        but not GraCE's, which Inductor's module cache kept: on two H200s each grace rank hung there
+        until killed."""
         self.fn = self.task = None
-        torch.compiler.reset()
-        gc.collect()
+        grace.reset()
 
     def _release(self) -> None:
         """Give the allocator's cached blocks back to the device, between requests: every variant of a

@@ -5,5 +5,5 @@
     print(grace.explain(model, *inputs))               # what was captured, what was not, and why
 """
 
-from grace.backend import REPORTS, Options, grace_backend  # noqa: F401  (registers backend="grace")
+from grace.backend import REPORTS, Options, grace_backend, reset  # noqa: F401  (registers backend="grace")
 from grace.explain import explain, explain_call  # noqa: F401

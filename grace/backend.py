@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import itertools
 import logging
 from collections.abc import Mapping
@@ -94,6 +95,17 @@ def grace_backend(gm: torch.fx.GraphModule, example_inputs, options: Mapping[str
     with adapter.aot_config():
         return adapter.compile_fx(gm, example_inputs, inner_compile=inner,
                                   config_patches=adapter.partition_config_patches())
+
+
+def reset() -> None:
+    """torch.compiler.reset(), and free every CUDA graph GraCE recorded in this process (code compiled
+    before is compiled again on its next call). Call it before destroying a process group whose
+    collectives GraCE captured: NCCL's destroy waits until every CUDA graph that captured one of its
+    collectives is freed (pytorch#115388), and Inductor's module cache keeps GraCE's partition wrappers,
+    with their graphs, past Dynamo's reset."""
+    torch.compiler.reset()
+    runtime.free_all()
+    gc.collect()
 
 
 adapter.register_backend(grace_backend, "grace")

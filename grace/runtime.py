@@ -92,6 +92,7 @@ class Stats:
 # data_ptr -> output tensor of every live recording: an input found here is another graph's output and is
 # read in place. Weak: a recording that is garbage-collected (a recompiled graph) leaves no stale address.
 _OUTPUTS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+_LIVE: weakref.WeakSet[PartitionGraph] = weakref.WeakSet()  # every partition wrapper alive in this process
 
 
 @dataclasses.dataclass
@@ -406,16 +407,24 @@ class PartitionGraph:
         self.warmed: set[tuple] = set()  # sizes seen once (warm-up): the next call at them records
         self.declined: set[tuple] = set()  # sizes SCG runs without a graph (their recording freed)
         self.calls = 0
+        _LIVE.add(self)
+
+    def free(self) -> None:
+        """Free every recording: its CUDA graph, its memory pool once no output is held. A later call at
+        the same sizes warms up and records again."""
+        for recordings in self.recordings.values():
+            for recording in recordings:
+                recording.drop()
+        self.recordings.clear()
+        self.warmed.clear()
+        self.declined.clear()
+        self.stats.kept = 0
 
     def _eager(self, args: list, reason: str | None = None, final: bool = False) -> Any:
         if reason is not None:
             if final:
                 self.stats.status = "eager"
-                for recordings in self.recordings.values():
-                    for recording in recordings:
-                        recording.drop()
-                self.recordings.clear()
-                self.stats.kept = 0
+                self.free()
                 log.info("grace: graph %d partition %d runs without a CUDA graph: %s",
                          self.stats.graph, self.stats.partition, reason)
             self.stats.reason = reason
@@ -584,3 +593,9 @@ class PartitionGraph:
             return self._eager(args, "an input expanded when recorded is not expanded now")
         self.stats.replays += 1
         return recording.replay(args)
+
+
+def free_all() -> None:
+    """Free the recordings of every partition in this process (grace.reset)."""
+    for part in list(_LIVE):
+        part.free()

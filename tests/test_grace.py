@@ -570,6 +570,39 @@ def test_sizes_beyond_the_limit_run_without_a_graph_and_the_others_keep_theirs(c
     assert "more than 2 sets of sizes" in stats.reason
 
 
+def test_reset_frees_every_recording_and_later_calls_record_again(cpu_graphs, monkeypatch):
+    """grace.reset frees each partition's graphs even while its wrapper lives on (Inductor's module cache
+    keeps it past Dynamo's reset), as a TP rank needs before NCCL's destroy; the wrapper still works."""
+    class Graph:  # stands in for the CUDA graph a recording keeps
+        pass
+
+    graphs = []
+
+    def capture(fn, graph_args):
+        graphs.append(Graph())
+        return dataclasses.replace(fake_capture(fn, graph_args), graph=graphs[-1])
+
+    monkeypatch.setattr(runtime, "capture", capture)
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.full((4,), 2.0)
+
+    def call():
+        x = torch.randn(4)
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+
+    for _ in range(3):
+        call()
+    assert (stats.recordings, stats.kept, stats.replays) == (1, 1, 2)
+    freed = weakref.ref(graphs[0])
+    graphs.clear()
+    grace.reset()
+    assert freed() is None and part.recordings == {} and stats.kept == 0
+    for _ in range(3):  # warms up again, records, replays
+        call()
+    assert (stats.recordings, stats.kept, stats.replays, stats.status) == (2, 1, 4, "captured")
+
+
 def _runtime_compiler(made: list, backward: bool = False, static=lambda example_inputs: frozenset()):
     """An AOTAutograd compiler that runs the graph it is given as one partition through the runtime,
     its Stats appended to `made`; `static` picks the static inputs from the example inputs."""
