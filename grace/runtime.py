@@ -457,7 +457,8 @@ class PartitionGraph:
                 moves[i] = moves.get(i, 0) + 1
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         if any(args[i].device.type != DEVICE_TYPE for i in tensors):
-            return "a partition input is a CPU tensor (a graph would freeze its value): CGCT moves these"
+            return ("a partition input is a CPU tensor (a graph would freeze its value); CGCT moves only CPU graph "
+                    "inputs and factories that feed GPU work alone")
         # An input that kept moving is copied from then on, whatever kept it in place: otherwise every
         # move is a recording, and a chain of partitions multiplies them (each new recording upstream
         # moves the outputs that the next partition reads in place). One the partition writes is copied
