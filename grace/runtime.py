@@ -174,6 +174,37 @@ def _placeholder(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The first and one past the last element of its storage that `t` reaches."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
+    return t.storage_offset(), t.storage_offset() + last + 1
+
+
+def _passed_through(outputs, args: list, inputs: list[int]) -> list[tuple[int, int, tuple | None]]:
+    """The outputs that are one of `inputs`, or a view of one (in its dtype, within its span): (output,
+    input, None) or (output, input, (size, stride, offset from the input's)). A replay returns them made
+    from that call's input, so that the recording keeps no reference to a caller's tensor: kept, an
+    upstream graph's output passed through here (a forward returning an activation it saves for
+    backward) would look held for ever, and the upstream partition would run without its graph."""
+    where: dict[int, list[int]] = {}  # storage address -> those of `inputs` in it
+    for i in inputs:
+        where.setdefault(args[i].untyped_storage().data_ptr(), []).append(i)
+    found = []
+    for j, out in enumerate(outputs):
+        if not isinstance(out, torch.Tensor):
+            continue
+        for i in where.get(out.untyped_storage().data_ptr(), ()):
+            a = args[i]
+            if out is a:
+                found.append((j, i, None))
+                break
+            (start, end), (first, stop) = _span(out), _span(a)
+            if out.dtype == a.dtype and first <= start and end <= stop:
+                found.append((j, i, (out.size(), out.stride(), start - first)))
+                break
+    return found
+
+
 def _narrow(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     """`t` with one element along each of `dims`: for an expanded tensor, the part that holds data."""
     if not dims:
@@ -183,7 +214,7 @@ def _narrow(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
 
 class _Recording:
     def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int], mutated: list[int],
-                 fresh_outputs: bool = False):
+                 fresh_outputs: bool = False, static: frozenset[int] = frozenset()):
         self.in_place, self.copied = in_place, copied
         self.ptrs = [args[i].data_ptr() if i in in_place else None for i in range(len(args))]
         # the first in-place input's address: a cheap first test of which recording a call is for (the
@@ -213,6 +244,14 @@ class _Recording:
         # backward) is the caller's memory, and the caller's references to it come and go.
         callers = {args[i].untyped_storage().data_ptr() for i in in_place}
         outputs = self.outputs if isinstance(self.outputs, (list, tuple)) else ()
+        # (not a static input's: a parameter's memory is never checked for being held, and a view of one
+        # made anew on each replay would cost the host a few us per output)
+        self.passed = _passed_through(outputs, args, [i for i in in_place if i not in static])
+        if self.passed:
+            outputs = list(outputs)
+            for j, _, _ in self.passed:
+                outputs[j] = None
+            self.outputs = outputs if isinstance(self.outputs, list) else tuple(outputs)
         self.tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in callers]
         # fresh_outputs (a backward graph's): each replay returns new tensor objects over the graph's output
         # memory, not the ones kept here. Autograd takes a parameter's first gradient as it is only when
@@ -382,14 +421,19 @@ class _Recording:
         elif self.copied:
             self._copy(args)
         written = [args[i] for i, _ in self.written] if self.written else None
+        passed = [(j, args[i], view) for j, i, view in self.passed]  # before the caller's list is emptied
         args.clear()
         self._replay()
         if written:
             torch._foreach_copy_(written, [p for _, p in self.written])
+        if self.fresh is None and not passed:
+            return list(self.outputs) if isinstance(self.outputs, list) else self.outputs  # callers may empty a list
+        outputs = list(self.outputs)
         if self.fresh is not None:
-            outputs = [t.detach() if fresh else t for t, fresh in zip(self.outputs, self.fresh)]
-            return outputs if isinstance(self.outputs, list) else tuple(outputs)
-        return list(self.outputs) if isinstance(self.outputs, list) else self.outputs  # callers may empty a list
+            outputs = [t.detach() if fresh else t for t, fresh in zip(outputs, self.fresh)]
+        for j, a, view in passed:
+            outputs[j] = a if view is None else a.as_strided(view[0], view[1], a.storage_offset() + view[2])
+        return outputs if isinstance(self.outputs, list) else tuple(outputs)
 
 
 class PartitionGraph:
@@ -477,7 +521,7 @@ class PartitionGraph:
             return "an input has overlapping memory other than expanded dims: it cannot get a placeholder"
         try:
             recording = _Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated),
-                                   fresh_outputs=self.stats.backward)
+                                   fresh_outputs=self.stats.backward, static=self.partition.static)
         except Exception as e:  # capture failed (a synchronising op, say): never the user's problem
             return f"capture failed: {_error(e)}"
         s = self.stats

@@ -507,6 +507,51 @@ def test_an_upstream_graphs_output_that_keeps_moving_is_copied(cpu_graphs, monke
     assert stats.status == "captured" and stats.recordings == 1 + runtime.MOVES_BEFORE_COPY and stats.replays == 11
 
 
+def _capture_on_the_arguments(fn, graph_args):
+    """As a CUDA graph captures: fn runs on the very arguments (the partitions here are pure), so an output
+    may be an argument or a view of one; the graph itself keeps no Python tensor, and each replay writes
+    the outputs in its own memory again."""
+    outputs = fn(list(graph_args))
+    own = [o if all(o.untyped_storage().data_ptr() != a.untyped_storage().data_ptr() for a in graph_args) else None
+           for o in outputs]
+    recorded = [_unowned(a) for a in graph_args]
+
+    def replay():
+        for out, fresh in zip(own, fn(list(recorded))):
+            if out is not None:
+                out.copy_(fresh)
+
+    return runtime.Captured(replay, outputs, {"kernel": 1}, None)
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_a_downstream_graph_that_returns_its_input_leaves_the_upstream_graph_replaying(cpu_graphs, monkeypatch, view):
+    """A forward partition returning an activation it read (saved for backward), or a view of it: its
+    recording kept that tensor, so the upstream partition's outputs looked held for ever and it ran
+    without its graph on every call (DGPT2's forward on the H200). The output is now made from each
+    call's own input."""
+    monkeypatch.setattr(runtime, "capture", _capture_on_the_arguments)
+    up, up_stats = _part(_partition_fn([]), static={1})
+
+    def down_fn(args):
+        (y,) = args
+        args.clear()
+        return (y.view(2, 2) if view else y, y * 2)
+
+    down, down_stats = _part(down_fn)
+    w = torch.full((4,), 2.0)
+    for _ in range(8):
+        x = torch.randn(4)
+        (y,) = up([x, w])
+        passed, z = down([y])
+        assert (passed._base is y) if view else (passed is y)
+        torch.testing.assert_close(z, (x * w + 1) * 2)
+        torch.testing.assert_close(passed.reshape(4), x * w + 1)
+        del y, passed, z
+    assert (up_stats.recordings, up_stats.replays, up_stats.eager_calls) == (1, 7, 0), up_stats.reason
+    assert (down_stats.recordings, down_stats.replays, down_stats.eager_calls) == (1, 7, 0)
+
+
 def test_moves_at_different_sizes_do_not_add_up(cpu_graphs, monkeypatch):
     """Dynamic shapes: an upstream graph's output moves once per set of sizes (a twin at each): read in
     place at every size, never copied; one that keeps moving at one size is copied at all of them."""
