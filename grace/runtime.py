@@ -500,9 +500,11 @@ class PartitionGraph:
                 moves = self.moves.setdefault(key, {})
                 moves[i] = moves.get(i, 0) + 1
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        if any(args[i].device.type != DEVICE_TYPE for i in tensors):
-            return ("a partition input is a CPU tensor (a graph would freeze its value); CGCT moves only CPU graph "
-                    "inputs and factories that feed GPU work alone")
+        cpu = next((args[i] for i in tensors if args[i].device.type != DEVICE_TYPE), None)
+        if cpu is not None:
+            return (f"a partition input is a CPU tensor ({str(cpu.dtype).removeprefix('torch.')} {list(cpu.shape)}: "
+                    "a graph would freeze its value); CGCT moves only CPU graph inputs and factories that feed GPU "
+                    "work alone")
         # An input that kept moving is copied from then on, whatever kept it in place: otherwise every
         # move is a recording, and a chain of partitions multiplies them (each new recording upstream
         # moves the outputs that the next partition reads in place). One the partition writes is copied

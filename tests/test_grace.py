@@ -721,7 +721,7 @@ def test_partition_with_cpu_inputs_runs_without_graph_and_says_why():
     for _ in range(3):
         assert torch.equal(part([x, w])[0], x * w + 1)
     assert calls == [2, 2, 2]  # every call ran the partition itself, once
-    assert stats.status == "eager" and "CPU tensor" in stats.reason
+    assert stats.status == "eager" and "CPU tensor (float32 [4]" in stats.reason
     assert stats.recordings == 0 and stats.replays == 0 and stats.eager_calls == 2  # call 1 is warm-up
 
 
