@@ -352,6 +352,16 @@ class _Recording:
         now = adapter.references(self.tensors, self.storages)
         return now != self.baseline and any(a > b for n, base in zip(now, self.baseline) for a, b in zip(n, base))
 
+    def held(self) -> str:
+        """Which output is held (for reasons): its index among the graph's own outputs, dtype and shape."""
+        now = adapter.references(self.tensors, self.storages)
+        k = next((k for k in range(len(self.tensors))
+                  if any(n[k] > base[k] for n, base in zip(now, self.baseline))), None)
+        if k is None:
+            return "none now"
+        t = self.tensors[k]
+        return f"output {k}: {str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+
     def indirect(self, args: list) -> list[str]:
         """Turn PI on for this recording: find the kernel parameters that point into placeholders and
         check once, on this call's inputs, that the graph reading them in place computes what it computes
@@ -617,7 +627,8 @@ class PartitionGraph:
         here = self._here(recordings, args)
         recording = next((r for r in here if not r.outputs_alive()), None)
         if recording is None and len(here) >= TWINS:
-            return self._eager(args, "outputs of the previous replays were still held by the caller")
+            return self._eager(args, "outputs of the previous replays were still held by the caller "
+                                     f"({here[-1].held()})")
         if recording is None:
             recording = self._record(key, args, twin=bool(here))
             if isinstance(recording, str):
