@@ -174,6 +174,11 @@ def _placeholder(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
 
 
+def _describe(t: torch.Tensor) -> str:
+    """dtype and shape, for reasons: 'float32 [4]'."""
+    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+
+
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """The first and one past the last element of its storage that `t` reaches."""
     last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
@@ -346,21 +351,22 @@ class _Recording:
             if _OUTPUTS.get(t.data_ptr()) is t:
                 del _OUTPUTS[t.data_ptr()]
 
-    def outputs_alive(self) -> bool:
-        """Whether any output has more references than right after capture (fewer is fine: the count
-        then included temporaries)."""
+    def _held(self) -> int | None:
+        """The first output with more references than right after capture (fewer is fine: the count then
+        included temporaries), or None."""
         now = adapter.references(self.tensors, self.storages)
-        return now != self.baseline and any(a > b for n, base in zip(now, self.baseline) for a, b in zip(n, base))
+        if now == self.baseline:
+            return None
+        return next((k for k in range(len(self.tensors)) if any(n[k] > b[k] for n, b in zip(now, self.baseline))),
+                    None)
+
+    def outputs_alive(self) -> bool:
+        return self._held() is not None
 
     def held(self) -> str:
         """Which output is held (for reasons): its index among the graph's own outputs, dtype and shape."""
-        now = adapter.references(self.tensors, self.storages)
-        k = next((k for k in range(len(self.tensors))
-                  if any(n[k] > base[k] for n, base in zip(now, self.baseline))), None)
-        if k is None:
-            return "none now"
-        t = self.tensors[k]
-        return f"output {k}: {str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+        k = self._held()
+        return "none now" if k is None else f"output {k}: {_describe(self.tensors[k])}"
 
     def indirect(self, args: list) -> list[str]:
         """Turn PI on for this recording: find the kernel parameters that point into placeholders and
@@ -431,7 +437,7 @@ class _Recording:
         elif self.copied:
             self._copy(args)
         written = [args[i] for i, _ in self.written] if self.written else None
-        passed = [(j, args[i], view) for j, i, view in self.passed]  # before the caller's list is emptied
+        passed = [(j, args[i], view) for j, i, view in self.passed] if self.passed else None  # before args.clear()
         args.clear()
         self._replay()
         if written:
@@ -441,7 +447,7 @@ class _Recording:
         outputs = list(self.outputs)
         if self.fresh is not None:
             outputs = [t.detach() if fresh else t for t, fresh in zip(outputs, self.fresh)]
-        for j, a, view in passed:
+        for j, a, view in passed or ():
             outputs[j] = a if view is None else a.as_strided(view[0], view[1], a.storage_offset() + view[2])
         return outputs if isinstance(self.outputs, list) else tuple(outputs)
 
@@ -512,9 +518,8 @@ class PartitionGraph:
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         cpu = next((args[i] for i in tensors if args[i].device.type != DEVICE_TYPE), None)
         if cpu is not None:
-            return (f"a partition input is a CPU tensor ({str(cpu.dtype).removeprefix('torch.')} {list(cpu.shape)}: "
-                    "a graph would freeze its value); CGCT moves only CPU graph inputs and factories that feed GPU "
-                    "work alone")
+            return (f"a partition input is a CPU tensor ({_describe(cpu)}: a graph would freeze its value); CGCT "
+                    "moves only CPU graph inputs and factories that feed GPU work alone")
         # An input that kept moving is copied from then on, whatever kept it in place: otherwise every
         # move is a recording, and a chain of partitions multiplies them (each new recording upstream
         # moves the outputs that the next partition reads in place). One the partition writes is copied
