@@ -91,9 +91,10 @@ def _by_step(observed: dict[str, tuple[dict, int]], reference: dict[str, list]) 
 
 
 class Bench:
-    def __init__(self, spec: Spec, rank: int = 0):
-        """`rank`: this process's rank in a tensor-parallel workload (spec.tp > 1, experiments/tp_bench.py)."""
-        self.spec, self.rank = spec, rank
+    def __init__(self, spec: Spec, rank: int = 0, control: dist.ProcessGroup | None = None):
+        """`rank`: this process's rank in a tensor-parallel workload (spec.tp > 1, experiments/tp_bench.py);
+        `control`: the ranks' host-side group, for their results."""
+        self.spec, self.rank, self.control = spec, rank, control
         self.device = torch.device(spec.device, rank) if spec.device == "cuda" and spec.tp > 1 else torch.device(spec.device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
@@ -186,7 +187,7 @@ class Bench:
         every = None
         if self.spec.tp > 1:  # an iteration takes as long as its slowest rank
             every = [None] * self.spec.tp
-            dist.all_gather_object(every, times)
+            dist.all_gather_object(every, times, group=self.control)
             times = [max(t) for t in zip(*every)]
         result = Round(times, launch_cost_us(self.device, launches), sm_clock_mhz(self.device), every)
         self._release()

@@ -3,10 +3,18 @@
 need all ranks). Each rank builds the same model from the same seed and keeps its slice
 (experiments/tp.py); numerics compare rank 0's output with the whole model's (TP1) in eager; an
 iteration's time is the slowest rank's.
+
+Commands and results go between the ranks over a gloo group, on the host; the model's sums use NCCL.
+A rank waiting for its next command in an NCCL broadcast keeps a kernel spinning on its GPU, and the
+sweep keeps every variant's worker alive while it times one: on two H200s the idle variant's rank 1 held
+such a kernel on GPU 1 while the timed variant ran there, the GPU switched between the two processes,
+and the timed rank 0 waited in each all-reduce for its slowed rank 1 (VM at TP2: 761 ms an iteration,
+619 of them in its one all-reduce; 69 ms at TP1).
 """
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing as mp
 import os
 import tempfile
@@ -16,19 +24,26 @@ import torch.distributed as dist
 from experiments.bench import Bench, Spec
 
 
-def _join(rank: int, spec: Spec, init: str) -> None:
+# A rank waits for its next command while the sweep sets up and times other variants (VM's set-up alone
+# took 322 s); rank 0's exit ends the wait sooner (gloo's connection closes).
+COMMAND_WAIT = datetime.timedelta(hours=6)
+
+
+def _join(rank: int, spec: Spec, init: str) -> dist.ProcessGroup:
+    """Join the ranks; returns the host-side group that carries commands and results."""
     dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", init_method=init, rank=rank,
                             world_size=spec.tp)
+    return dist.new_group(backend="gloo", timeout=COMMAND_WAIT)
 
 
 def _rank(rank: int, spec: Spec, init: str) -> None:
     """Ranks 1..tp-1: run what rank 0 broadcasts until it says close."""
-    _join(rank, spec, init)
-    bench = Bench(spec, rank)
+    control = _join(rank, spec, init)
+    bench = Bench(spec, rank, control)
     try:
         while True:
             command = [None, None]
-            dist.broadcast_object_list(command, src=0)
+            dist.broadcast_object_list(command, src=0, group=control)
             method, args = command
             if method == "close":
                 bench.close()  # its graphs freed first: see Bench.close
@@ -48,11 +63,10 @@ class TPBench(Bench):
         self.helpers = [ctx.Process(target=_rank, args=(r, spec, init), name=f"tp-rank-{r}") for r in range(1, spec.tp)]
         for p in self.helpers:
             p.start()
-        _join(0, spec, init)
-        super().__init__(spec, 0)
+        super().__init__(spec, 0, _join(0, spec, init))
 
     def _everywhere(self, method: str, *args):
-        dist.broadcast_object_list([method, args], src=0)
+        dist.broadcast_object_list([method, args], src=0, group=self.control)
         return getattr(super(), method)(*args)
 
     def setup(self, reference: str):
@@ -71,7 +85,7 @@ class TPBench(Bench):
         return self._everywhere("diagnostics")
 
     def close(self) -> None:
-        dist.broadcast_object_list(["close", ()], src=0)
+        dist.broadcast_object_list(["close", ()], src=0, group=self.control)
         super().close()  # the graphs freed first: see Bench.close
         # Under NCCL destroying is collective (ncclCommDestroy returns once every rank has called it): rank 0
         # destroys beside the others, then joins them.
