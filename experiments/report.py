@@ -13,7 +13,7 @@ import pandas as pd
 
 from experiments import stats
 from experiments.figures import BASELINE, frame, json_lines, label, speedups
-from experiments.records import Record, current, latest
+from experiments.records import TP_REVISED, Record, latest, valid_since
 
 README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -142,13 +142,17 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
 
 
 def revised(records: Sequence[Record], revisions: Mapping[str, str]) -> str:
-    """A line naming each revised workload whose records made before its revision were left out."""
-    out = Counter(r.workload for r in records) - Counter(r.workload for r in current(records, revisions))
+    """A line naming, per workload (and tensor-parallel degree above 1), the records left out as made
+    before its last revision or the tensor-parallel harness's (records.valid_since)."""
+    out = Counter((r.workload, r.tp, valid_since(r, revisions)) for r in records
+                  if r.env.get("date", "") < valid_since(r, revisions))
     if not out:
         return ""
-    return ("- Left out, as made before their workload's last revision (they measured another program; a sweep "
-            "measures it again): " + "; ".join(f"{w} ({n} records before {revisions[w]})" for w, n in sorted(out.items()))
-            + ".\n")
+    return ("- Left out, as made before their workload's last revision or, at TP above 1, before the harness's "
+            f"TP fix of {TP_REVISED} (they measured another program, or ran beside another variant's NCCL "
+            "kernel; a sweep measures them again): "
+            + "; ".join(f"{w}{f' TP{tp}' if tp > 1 else ''} ({n} records before {d})"
+                        for (w, tp, d), n in sorted(out.items())) + ".\n")
 
 
 def _unmeasured(df: pd.DataFrame, variants: Sequence[str], width: int = 140) -> str:

@@ -2,7 +2,8 @@ import dataclasses
 import json
 import multiprocessing as mp
 
-from experiments.records import HostStats, KernelStats, Numerics, Record, RecordStore, current, durations
+from experiments import report
+from experiments.records import TP_REVISED, HostStats, KernelStats, Numerics, Record, RecordStore, current, durations
 
 
 def make(variant="inductor", status="ok", run=0, **fields) -> Record:
@@ -86,6 +87,18 @@ def test_records_made_before_their_workloads_revision_are_not_final_and_not_curr
     assert {(k[0], k[4]) for k in store.final_keys(revised=revised)} == {("mlp", "b"), ("eos_chain", "a")}
     assert {(k[0], k[4]) for k in store.final_keys("2026-11-30T07:00", revised)} == {("mlp", "b"), ("eos_chain", "a")}
     assert current([old, new, other], revised) == [new, other]
+
+
+def test_tensor_parallel_records_made_before_the_harness_fix_are_not_final_and_not_current(tmp_path):
+    store = RecordStore(tmp_path / "r.jsonl")
+    before, after = {"date": "2026-11-30T23:00:00+00:00"}, {"date": "2026-12-01T01:00:00+00:00"}
+    assert before["date"] < TP_REVISED < after["date"]
+    tp1, tp2_old, tp2_new = make("a", tp=1, env=before), make("b", tp=2, env=before), make("c", tp=2, env=after)
+    for r in (tp1, tp2_old, tp2_new):
+        store.append(r)
+    assert {k[4] for k in store.final_keys()} == {"a", "c"}
+    assert current([tp1, tp2_old, tp2_new], {}) == [tp1, tp2_new]
+    assert f"mlp TP2 (1 records before {TP_REVISED})" in report.revised([tp1, tp2_old, tp2_new], {})
 
 
 def test_a_torn_line_is_skipped_not_fatal(tmp_path):
