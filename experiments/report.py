@@ -144,8 +144,8 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
 def revised(records: Sequence[Record], revisions: Mapping[str, str]) -> str:
     """A line naming, per workload (and tensor-parallel degree above 1), the records left out as made
     before its last revision or the tensor-parallel harness's (records.valid_since)."""
-    out = Counter((r.workload, r.tp, valid_since(r, revisions)) for r in records
-                  if r.env.get("date", "") < valid_since(r, revisions))
+    since = ((r, valid_since(r, revisions)) for r in records)
+    out = Counter((r.workload, r.tp, d) for r, d in since if r.env.get("date", "") < d)
     if not out:
         return ""
     return ("- Left out, as made before their workload's last revision or, at TP above 1, before the harness's "

@@ -85,8 +85,7 @@ class TPBench(Bench):
         return self._everywhere("diagnostics")
 
     def close(self) -> None:
-        dist.broadcast_object_list(["close", ()], src=0, group=self.control)
-        super().close()  # the graphs freed first: see Bench.close
+        self._everywhere("close")  # the graphs freed first: see Bench.close
         # Under NCCL destroying is collective (ncclCommDestroy returns once every rank has called it): rank 0
         # destroys beside the others, then joins them.
         dist.destroy_process_group()
