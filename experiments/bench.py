@@ -22,7 +22,8 @@ from experiments.task import Task
 from experiments.timing import launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
 import grace
-from grace.torch_adapter import collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats, pytree
+from grace.torch_adapter import (collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats, pytree,
+                                 shape_padding_choices)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Diagnostics:
     unique_graphs: int
     graph_break_reasons: list[str]
     grace: dict | None  # what the grace backend did in one iteration (grace.explain), for its variants
+    shape_padding: dict[str, dict]  # Inductor's benchmarked choice, per misaligned GEMM, to pad it or not
 
 
 @dataclass(frozen=True)
@@ -208,4 +210,4 @@ class Bench:
         peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
         summary = grace.explain_call(self._step).summary() if self.spec.variant.uses_grace else None
         return Diagnostics(peak, cudagraph_skips(), list(dict.fromkeys(self._skip_reasons)), **dynamo_stats(),
-                           grace=summary)
+                           grace=summary, shape_padding=shape_padding_choices())

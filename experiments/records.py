@@ -100,6 +100,8 @@ class Record:
     graph_break_reasons: list[str] = field(default_factory=list)  # why Dynamo broke graphs or skipped frames
     numerics: Numerics | None = None
     grace: dict[str, Any] | None = None  # grace backend variants: grace.explain's summary of one iteration
+    shape_padding: dict[str, dict] = field(default_factory=dict)  # per GEMM with a misaligned dim, whether
+    # Inductor padded it (its pad_mm pass decides by a benchmark at compile time) and the unpadded ms timed
     measure: dict[str, Any] = field(default_factory=dict)  # the measurement settings (conf/measure)
     env: dict[str, Any] = field(default_factory=dict)
 

@@ -288,8 +288,8 @@ def _diff(rows: dict[tuple, dict[str, float]], columns: list[str], a: str, b: st
 def kernel_diff(records: Iterable[Record], workload: str, a: str, b: str) -> str:
     """Where two variants of one workload (its label: the paper's acronym, or "name mode bN") spend their
     time differently, from their latest records: on the GPU, per top device activity (inside or outside
-    a graph), us per iteration; on the host, where both records have it, per part of the stack
-    (experiments/host_profile.py). The largest differences first."""
+    a graph), us per iteration; the GEMMs Inductor padded in one and not the other; on the host, where both
+    records have it, per part of the stack (experiments/host_profile.py). The largest differences first."""
     newest = {r.variant: r for r in latest(records).values()
               if label(r.workload, r.mode, r.batch, r.size) == workload and r.tp == 1 and r.run == 0}
     missing = [v for v in (a, b) if v not in newest or not (newest[v].kernels and newest[v].kernels.top)]
@@ -305,6 +305,12 @@ def kernel_diff(records: Iterable[Record], workload: str, a: str, b: str) -> str
             f"(commits {newest[a].env.get('git_commit', '?')[:7]}, {newest[b].env.get('git_commit', '?')[:7]}). "
             f"Activities outside each record's top {len(ka.top)} show as empty.\n\n"
             + _diff(rows, ["activity", "in graph"], a, b) + "\n")
+    pads = {k: [newest[v].shape_padding.get(k, {}).get("pad") for v in (a, b)]
+            for k in sorted(newest[a].shape_padding.keys() | newest[b].shape_padding.keys())}
+    if differ := {k: p for k, p in pads.items() if p[0] != p[1]}:
+        table = pd.DataFrame([{"GEMM": k, f"{a} padded": p[0], f"{b} padded": p[1]} for k, p in differ.items()])
+        text += ("\nInductor padded GEMMs differently (its pad_mm pass times padded and unpadded at compile "
+                 "time; empty: not recorded):\n\n" + table.astype(object).to_markdown(index=False, missingval="") + "\n")
     if newest[a].host and newest[b].host:
         groups = {}
         for v in (a, b):

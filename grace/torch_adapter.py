@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
+import re
 from collections.abc import Iterator
 
 import torch
@@ -188,6 +190,23 @@ def finish_post_compile(compiled, example_inputs) -> None:
 
 def device_types(compiled) -> set[str]:
     return set(getattr(compiled, "device_types", ()) or ())
+
+
+from torch._inductor.codecache import CacheBase as _InductorCacheBase  # noqa: E402
+
+
+def shape_padding_choices() -> dict[str, dict]:
+    """What Inductor's shape padding (fx_passes/pad_mm.py) chose for each GEMM with a misaligned dim, by its
+    key (operand shapes, strides, dtypes): whether the operands are padded (a pad_mm benchmark found
+    padding at least 1.1x faster) and the unpadded GEMM's benchmarked time in ms. Read from Inductor's
+    local benchmark cache, so it covers every compile in this process since its cache dir was made."""
+    path = _InductorCacheBase.get_local_cache_path()
+    cache = json.loads(path.read_text()).get("cache", {}) if path.is_file() else {}
+    base = "base mm time: "
+    unpadded_ms = {k.removeprefix(base): v for k, v in cache.items() if k.startswith(base)}
+    # a decision's key is its base-time key with where padding is paid ('exclude_pad:...') in place of None
+    return {k: {"pad": v, "unpadded_ms": unpadded_ms.get(re.sub(r"'exclude_pad:\w+'", "None", k))}
+            for k, v in cache.items() if isinstance(v, bool)}
 
 
 def gpu_spin(cycles: int) -> None:

@@ -21,6 +21,7 @@ def full() -> Record:
                 graph_breaks=2, unique_graphs=3, graph_break_reasons=["Unsupported Tensor.item() call -> frame skipped, runs eager"],
                 numerics=Numerics(True, 1e-3, 2e-3, 1e-3, 1.3e-2, "bfloat16", "d", "loss"),
                 grace={"partitions": 2, "captured": 1, "not_captured": ["capture failed: x"]},
+                shape_padding={"mm 8192x50257": {"pad": True, "unpadded_ms": 4.3}},
                 measure={"rounds": 2, "iters": 3}, env={"gpu": "NVIDIA H200", "torch": "2.11.0", "git_commit": "abc"})
 
 

@@ -146,3 +146,14 @@ def test_kernel_diff_puts_the_largest_difference_first():
     host = report.kernel_diff([a, b], "a eval b1", "pt2_cg", "runtime").split("Host time")[1]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in host.splitlines() if line.startswith("| ")][1:]
     assert rows == [["grace", "5.0", "1500.0", "1495.0"], ["inductor generated code", "300.0", "310.0", "10.0"]]
+
+
+def test_kernel_diff_names_the_gemms_inductor_padded_in_one_variant_only():
+    a, b = rec("a", "pt2_cg", 2.0), rec("a", "runtime", 2.5)
+    a.kernels.top = b.kernels.top = [{"name": "gemm", "in_graph": True, "launches": 1.0, "us": 100.0}]
+    assert "padded" not in report.kernel_diff([a, b], "a eval b1", "pt2_cg", "runtime")  # none recorded
+    a.shape_padding = {"mm 8192x50257": {"pad": True, "unpadded_ms": 4.3}, "mm 64x7": {"pad": False, "unpadded_ms": 0.1}}
+    b.shape_padding = {"mm 8192x50257": {"pad": False, "unpadded_ms": 4.2}, "mm 64x7": {"pad": False, "unpadded_ms": 0.1}}
+    text = report.kernel_diff([a, b], "a eval b1", "pt2_cg", "runtime").split("padded GEMMs differently")[1]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| ")][1:]
+    assert rows == [["mm 8192x50257", "True", "False"]]

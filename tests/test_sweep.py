@@ -43,6 +43,7 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
         assert r.env["torch"] == torch.__version__ and r.env["git_commit"]
         assert r.batch == 8 and r.size == "tiny"
         assert r.graph_breaks == 0 and r.unique_graphs == (0 if name == "eager" else 1)
+        assert r.shape_padding == {}  # its GEMMs are aligned: nothing for Inductor to pad
     eager, inductor = recs["eager"], recs["inductor"]
     assert eager.baseline == "inductor"
     assert eager.round_ratios == stats.round_ratios(eager.iter_ms, inductor.iter_ms)
