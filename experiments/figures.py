@@ -54,12 +54,13 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
             "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons),
             "graph_break_reasons": "; ".join(r.graph_break_reasons),
             "not_captured": "; ".join((r.grace or {}).get("not_captured") or []),
+            "set_up_alone": r.set_up_alone,
             **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
     df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "round_ratios", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
-                                           "not_captured", *ENV_COLUMNS])
+                                           "not_captured", "set_up_alone", *ENV_COLUMNS])
     df["label"] = [label(r.workload, r.mode, r.batch, r.size) for r in df.itertuples()]
     df["paper"] = [acronym(r.workload, r.mode, r.batch, r.size) is not None for r in df.itertuples()]
     return df

@@ -110,6 +110,12 @@ class Record:
             raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
 
     @property
+    def set_up_alone(self) -> bool:
+        """Whether no other variant was setting up beside it (records from before set_up_beside: when set
+        up one at a time)."""
+        return self.set_up_beside == 0 if self.set_up_beside is not None else self.measure.get("parallel_setup") is False
+
+    @property
     def key(self) -> tuple:
         return key(self.workload, self.mode, self.batch, self.size, self.variant, self.run, self.tp)
 

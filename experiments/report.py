@@ -132,6 +132,12 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
         lines.append("- Measured with partitions left without graphs because a capture ran out of GPU memory (beside "
                      "the other variants' workers; a sweep now sets such a variant up again on its own): "
                      + ", ".join(f"{w} ({', '.join(g['variant'])})" for w, g in starved.groupby("label")) + ".")
+    alone = used.groupby("label")["set_up_alone"].all()
+    if not alone.all():
+        lines.append(f"- Every variant set up with the GPU to itself: {', '.join(alone[alone].index) or 'none'}. In the other "
+                     f"{(~alone).sum()} workloads some were set up beside other variants' compiling workers "
+                     "(measure.parallel_setup, the sweeps' way until 2026-12-01), so that Inductor's choices by timing at "
+                     "compile time may differ between their variants, as DGPT2's padding of a GEMM did (16.6 ms against 13.5).")
     by_commit = used.assign(commit=used["git_commit"].fillna("unknown").str[:7]).groupby("commit")["label"]
     lines.append("- Code each workload's records ran: " + "; ".join(
         f"{commit}: {', '.join(sorted(set(labels)))}" for commit, labels in by_commit) + ".")
@@ -215,7 +221,7 @@ def _scg_agreement(records: Sequence[Record]) -> str:
         return "- SCG: no decisions recorded yet."
     timed = [(r, d) for r, d in decisions if d["measured_us"] is not None]
     measured = [d for _, d in timed]
-    alone = [d for r, d in timed if _set_up_alone(r)]
+    alone = [d for r, d in timed if r.set_up_alone]
     chosen = Counter(d["choice"] for _, d in decisions)
     return (f"- SCG: {len(decisions)} decisions ({', '.join(f'{n} {c}' for c, n in sorted(chosen.items()))}); "
             f"{len(decisions) - len(measured)} settled by the cost model alone, {len(measured)} timed, and on those "
@@ -223,12 +229,6 @@ def _scg_agreement(records: Sequence[Record]) -> str:
             f"{_ties(measured)}. Of the timings, {len(alone)} were taken with no other variant setting up on the GPU "
             f"(the model agreed on {sum(bool(d['agreed']) for d in alone)}); the others, beside compiling workers, "
             f"can be off by more than the candidates differ.")
-
-
-def _set_up_alone(r: Record) -> bool:
-    """Whether no other variant was setting up beside it (records from before set_up_beside: when set
-    up one at a time)."""
-    return r.set_up_beside == 0 if r.set_up_beside is not None else r.measure.get("parallel_setup") is False
 
 
 def _ties(measured: list[dict]) -> str:

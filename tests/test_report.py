@@ -157,3 +157,16 @@ def test_kernel_diff_names_the_gemms_inductor_padded_in_one_variant_only():
     text = report.kernel_diff([a, b], "a eval b1", "pt2_cg", "runtime").split("padded GEMMs differently")[1]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| ")][1:]
     assert rows == [["mm 8192x50257", "True", "False"]]
+
+
+def test_summary_names_the_workloads_whose_variants_were_all_set_up_alone():
+    """Alone: set_up_beside 0, or in a record older than that field, a sweep that set up one at a time."""
+    records = [dataclasses.replace(r, set_up_beside=0) if r.workload == "a" else
+               dataclasses.replace(r, measure={"parallel_setup": False}) if r.workload == "b" else r for r in RECORDS]
+    text = report.summary(records)
+    assert "Every variant set up with the GPU to itself: a eval b1, b eval b1. In the other 1 workloads" in text
+    # c's inductor alone, its pt2_cg beside two others: c still counts as not alone
+    records = [dataclasses.replace(r, set_up_beside=2 if r.variant == "pt2_cg" else 0) if r.workload == "c" else r
+               for r in records]
+    assert "GPU to itself: a eval b1, b eval b1. In the other 1 workloads" in report.summary(records)
+    assert "GPU to itself" not in report.summary([dataclasses.replace(r, set_up_beside=0) for r in RECORDS])
