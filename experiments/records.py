@@ -217,10 +217,12 @@ class RecordStore:
     def latest(self) -> dict[tuple, Record]:
         return latest(self.load())
 
-    def final_keys(self, made_before: str | None = None, revised: Mapping[str, str] | None = None) -> set[tuple]:
+    def final_keys(self, made_before: str | None = None, revised: Mapping[str, str] | None = None,
+                   alone: bool = False) -> set[tuple]:
         """Keys measured already; with `made_before` (an ISO date, UTC), only those measured since then;
         of a workload in `revised` (name -> date of its revision), and at tp > 1, only those measured
-        since valid_since."""
+        since valid_since; with `alone`, only those set up with the GPU to themselves (Record.set_up_alone)."""
         revised = revised or {}
         return {k for k, r in self.latest().items() if r.status in FINAL_STATUSES
-                and r.env.get("date", "") >= max(made_before or "", valid_since(r, revised))}
+                and r.env.get("date", "") >= max(made_before or "", valid_since(r, revised))
+                and (r.set_up_alone or not alone)}

@@ -145,7 +145,10 @@ class Sweep:
         start = time.monotonic()
         force = self.cfg.force
         revised = workloads.revisions(e.name for e in self.entries)  # records before these measured another program
-        final = set() if force is True else self.store.final_keys(str(force) if force else None, revised)
+        # A sweep that sets up one variant at a time measures again what was set up beside others: Inductor's
+        # choices by timing at compile time may have gone wrong there (README, "How a measurement is taken").
+        final = set() if force is True else self.store.final_keys(str(force) if force else None, revised,
+                                                                  alone=not self.measure.parallel_setup)
         took = durations(self.store.load())
         for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
             # The first workload always runs, so that every call makes progress.

@@ -163,6 +163,18 @@ def test_every_experiment_composes_and_names_valid_workloads(make_cfg, experimen
     assert {e.size for e in Sweep(make_cfg(f"experiment={experiment}", "size=tiny")).entries} == {"tiny"}
 
 
+def test_a_sweep_that_sets_up_alone_measures_again_what_was_set_up_beside_others(make_cfg):
+    overrides = ["workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]"]
+    store = _sweep(make_cfg, *overrides, "measure.parallel_setup=true").store
+    assert [r.set_up_beside for r in store.load()] == [1, 1]
+    _sweep(make_cfg, *overrides, "measure.parallel_setup=true")  # the same way: nothing to do
+    assert len(store.load()) == 2
+    _sweep(make_cfg, *overrides)  # one at a time: both again
+    assert [r.set_up_beside for r in store.load()] == [1, 1, 0, 0]
+    _sweep(make_cfg, *overrides)  # and then nothing
+    assert len(store.load()) == 4
+
+
 @pytest.mark.parametrize("mode", ["eval", "train"])  # train: the workers take turns with their twins
 def test_parallel_setup_measures_the_same_variants(make_cfg, mode):
     sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", f"workload.mlp.mode={mode}",
