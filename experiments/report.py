@@ -137,8 +137,8 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
         lines.append(f"- Every variant set up with the GPU to itself: {', '.join(alone[alone].index) or 'none'}. In the other "
                      f"{(~alone).sum()} workloads some were set up beside other variants' compiling workers "
                      "(measure.parallel_setup, the sweeps' way until 2026-12-01), so that Inductor's choices by timing at "
-                     "compile time may differ between their variants, as DGPT2's padding of a GEMM did (16.6 ms against "
-                     "13.5); the next sweep measures those again.")
+                     "compile time may differ between their variants, as DGPT2's padding of a GEMM did (README, \"How a "
+                     "measurement is taken\"); the next sweep measures those again.")
     by_commit = used.assign(commit=used["git_commit"].fillna("unknown").str[:7]).groupby("commit")["label"]
     lines.append("- Code each workload's records ran: " + "; ".join(
         f"{commit}: {', '.join(sorted(set(labels)))}" for commit, labels in by_commit) + ".")
