@@ -166,20 +166,27 @@ def current(records: Iterable[Record], revised: Mapping[str, str]) -> list[Recor
     return [r for r in records if r.env.get("date", "") >= valid_since(r, revised)]
 
 
-def durations(records: Iterable[Record]) -> dict[tuple, float]:
+def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, float]:
     """Per workload selection (workload, mode, batch, size, tp), how long its newest measurement took:
     the longest workload_s of its newest session and run (an interrupted one: how long it ran before it
-    was stopped, so at least that)."""
+    was stopped, so at least that). With `alone` (a sweep that sets up one variant at a time), a
+    measurement whose variants were set up beside each other counts their setups one after another: it
+    adds every setup (compile_s + warmup_s) but the longest, which the parallel setup had waited for."""
     newest: dict[tuple, tuple[str, int]] = {}
-    took: dict[tuple, float] = {}
+    runs: dict[tuple, list[Record]] = {}
     for r in records:  # oldest first
         if r.workload_s is None:
             continue
         k = (r.workload, r.mode, r.batch, r.size, r.tp)
         if newest.get(k) != (r.session, r.run):
-            newest[k], took[k] = (r.session, r.run), r.workload_s
-        else:
-            took[k] = max(took[k], r.workload_s)
+            newest[k], runs[k] = (r.session, r.run), []
+        runs[k].append(r)
+    took = {}
+    for k, rs in runs.items():
+        took[k] = max(r.workload_s for r in rs)
+        setups = [(r.compile_s or 0) + (r.warmup_s or 0) for r in rs if not r.set_up_alone]
+        if alone and setups:
+            took[k] += sum(setups) - max(setups)
     return took
 
 

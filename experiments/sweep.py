@@ -149,7 +149,7 @@ class Sweep:
         # choices by timing at compile time may have gone wrong there (README, "How a measurement is taken").
         final = set() if force is True else self.store.final_keys(str(force) if force else None, revised,
                                                                   alone=not self.measure.parallel_setup)
-        took = durations(self.store.load())
+        took = durations(self.store.load(), alone=not self.measure.parallel_setup)
         for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
             # The first workload always runs, so that every call makes progress.
             if i and self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s:

@@ -23,7 +23,8 @@ class WorkerError(RuntimeError):
 
 
 def _serve(conn, spec: Spec) -> None:
-    with tempfile.TemporaryDirectory(prefix="grace-caches-") as caches:
+    # ignore_cleanup_errors: a worker stopped mid-compile (SIGINT) may still have Triton writing there.
+    with tempfile.TemporaryDirectory(prefix="grace-caches-", ignore_cleanup_errors=True) as caches:
         # Cold, private compile caches: compile latency is not flattered by another variant's artifacts.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
         os.environ["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")

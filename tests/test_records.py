@@ -136,3 +136,16 @@ def test_durations_are_the_newest_measurements_longest_record():
                rec("x", "eager", 164.0, status="interrupted", workload="xlnet"),  # ran 164 s, then stopped
                dataclasses.replace(make("eager"), workload="eos")]  # from before workload_s: no estimate
     assert durations(records) == {("mlp", "eval", 8, "tiny", 1): 80.0, ("xlnet", "eval", 8, "tiny", 1): 164.0}
+
+
+def test_durations_for_a_sweep_setting_up_alone_count_parallel_setups_one_after_another():
+    def rec(variant, compile_s, beside, took=100.0):
+        return dataclasses.replace(make(variant), session="s", workload_s=took, compile_s=compile_s, warmup_s=1.0,
+                                   set_up_beside=beside)
+
+    parallel = [rec("eager", 20.0, 2), rec("inductor", 40.0, 2), rec("grace", 30.0, 0)]  # grace set up alone
+    k = ("mlp", "eval", 8, "tiny", 1)
+    assert durations(parallel) == {k: 100.0}
+    assert durations(parallel, alone=True) == {k: 121.0}  # the shorter parallel setup (20 + 1 s) now comes on top
+    serial = [rec("eager", 20.0, 0), rec("inductor", 40.0, 0)]
+    assert durations(serial, alone=True) == {k: 100.0}
