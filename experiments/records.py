@@ -166,27 +166,41 @@ def current(records: Iterable[Record], revised: Mapping[str, str]) -> list[Recor
     return [r for r in records if r.env.get("date", "") >= valid_since(r, revised)]
 
 
-def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, float]:
-    """Per workload selection (workload, mode, batch, size, tp), how long its newest measurement took:
-    the longest workload_s of its newest session and run (an interrupted one: how long it ran before it
-    was stopped, so at least that). With `alone` (a sweep that sets up one variant at a time), a
-    measurement whose variants were set up beside each other counts their setups one after another: it
-    adds every setup (compile_s + warmup_s) but the longest, which the parallel setup had waited for."""
-    newest: dict[tuple, tuple[str, int]] = {}
-    runs: dict[tuple, list[Record]] = {}
+def _took(run: list[Record], alone: bool) -> float | None:
+    """How long measuring one run of a workload took: its longest workload_s (records from before that
+    field: its setups, compile_s + warmup_s, as a lower bound). With `alone`, as if every variant had been
+    set up alone: the setups made beside each other then come one after another, so every one but the
+    longest (which the parallel setup waited for) is added."""
+    setup = {r.variant: (r.compile_s or 0) + (r.warmup_s or 0) for r in run if r.compile_s is not None}
+    beside = [t for r in run if r.variant in setup and not r.set_up_alone for t in [setup[r.variant]]]
+    elapsed = [r.workload_s for r in run if r.workload_s is not None]
+    took = max(elapsed) if elapsed else sum(setup.values()) - sum(beside) + max(beside, default=0)
+    if alone and beside:
+        took += sum(beside) - max(beside)
+    return took or None
+
+
+def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, tuple[float, int]]:
+    """Per workload selection (workload, mode, batch, size, tp), how long its newest measurement took
+    (see _took; `alone`: for a sweep that sets up one variant at a time) and how many variants it
+    measured. A newest one that was interrupted ran at least as long as it did before it was stopped,
+    and no shorter than the newest whole one: what it measured is unknown, so all of the whole one's."""
+    runs: dict[tuple, dict[tuple, list[Record]]] = {}
     for r in records:  # oldest first
-        if r.workload_s is None:
-            continue
-        k = (r.workload, r.mode, r.batch, r.size, r.tp)
-        if newest.get(k) != (r.session, r.run):
-            newest[k], runs[k] = (r.session, r.run), []
-        runs[k].append(r)
+        runs.setdefault((r.workload, r.mode, r.batch, r.size, r.tp), {}).setdefault((r.session, r.run), []).append(r)
     took = {}
-    for k, rs in runs.items():
-        took[k] = max(r.workload_s for r in rs)
-        setups = [(r.compile_s or 0) + (r.warmup_s or 0) for r in rs if not r.set_up_alone]
-        if alone and setups:
-            took[k] += sum(setups) - max(setups)
+    for k, by_run in runs.items():
+        newest = None
+        for run in by_run.values():  # oldest first
+            t, variants = _took(run, alone), len({r.variant for r in run})
+            if t is None:
+                continue
+            if all(r.status == "interrupted" for r in run):
+                newest = (max(t, newest[0]), newest[1]) if newest else (t, variants)
+            else:
+                newest = (t, variants)
+        if newest:
+            took[k] = newest
     return took
 
 

@@ -161,10 +161,13 @@ class Sweep:
                 if len(todo) < len(self.variants):
                     log.info("%s run %d: already recorded: %s", entry.name, run,
                              ", ".join(v.name for v in self.variants if v not in todo))
-                need = took.get((entry.name, entry.mode, entry.batch, entry.size, self.cfg.tp))
-                if todo and need is not None and self.deadline is not None and time.time() + need > self.deadline:
-                    log.warning("%s run %d: its last measurement took %.0f s, %.0f s are left before the deadline: "
-                                "not started (rerun to resume)", entry.name, run, need, self.deadline - time.time())
+                # Roughly: the newest measurement's time, shared out evenly among the variants it measured.
+                last = took.get((entry.name, entry.mode, entry.batch, entry.size, self.cfg.tp))
+                need = last and last[0] * len(todo) / last[1]
+                if todo and need and self.deadline is not None and time.time() + need > self.deadline:
+                    log.warning("%s run %d: %d variants should take about %.0f s, %.0f s are left before the "
+                                "deadline: not started (rerun to resume)", entry.name, run, len(todo), need,
+                                self.deadline - time.time())
                 elif todo and self._claim(entry, run):
                     self._measure(entry, run, todo)
         return self.store.path
