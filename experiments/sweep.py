@@ -5,8 +5,9 @@ compute dtype and in float64, written to a file); then each variant to measure g
 process (set up one at a time, so compile latencies do not overlap), whose setup checks one step
 against that reference. Then `rounds` rounds: in each, every variant runs `iters` timed iterations in
 turn, the order rotating from round to round, so that a slow moment of the host is shared out. Then each
-variant is profiled, and one record per variant is appended. Anything already recorded as final is
-skipped (unless forced), so an interrupted sweep resumes where it stopped; `shard` splits the workload
+variant is profiled, and one record per variant is appended. What is recorded as final is skipped
+(unless forced), so an interrupted sweep resumes where it stopped, but a workload's variants are measured
+together, in one session, unless only failed or skipped ones are left to retry; `shard` splits the workload
 list across machines or calls, `claims` shares it out between sweeps running side by side; `budget_s`
 stops starting new workloads in time, and `deadline` (when the sweep will be stopped from outside, a
 device call's limit) passes over a workload whose last measurement took longer than the time left, which
@@ -38,6 +39,7 @@ from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
 
 log = logging.getLogger(__name__)
+RETRIED_ALONE = frozenset({"failed", "skipped"})  # statuses whose variants a sweep retries without the others
 
 
 class ConfigError(ValueError):
@@ -149,6 +151,7 @@ class Sweep:
         # choices by timing at compile time may have gone wrong there (README, "How a measurement is taken").
         final = set() if force is True else self.store.final_keys(str(force) if force else None, revised,
                                                                   alone=not self.measure.parallel_setup)
+        newest = self.store.latest()
         took = durations(self.store.load(), alone=not self.measure.parallel_setup)
         for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
             # The first workload always runs, so that every call makes progress.
@@ -156,19 +159,27 @@ class Sweep:
                 log.warning("time budget of %s s spent: stopping before %s (rerun to resume)", self.cfg.budget_s, entry.name)
                 break
             for run in range(self.cfg.runs):
-                todo = [v for v in self.variants
-                        if key(entry.name, entry.mode, entry.batch, entry.size, v.name, run, self.cfg.tp) not in final]
-                if len(todo) < len(self.variants):
-                    log.info("%s run %d: already recorded: %s", entry.name, run,
-                             ", ".join(v.name for v in self.variants if v not in todo))
+                keys = {v.name: key(entry.name, entry.mode, entry.batch, entry.size, v.name, run, self.cfg.tp)
+                        for v in self.variants}
+                todo = [v for v in self.variants if keys[v.name] not in final]
+                # A workload's variants are compared within one session (one machine, interleaved rounds): one
+                # unmeasured, interrupted or measured again, or measurements from different sessions, and all are
+                # measured together. Variants that failed or were skipped are retried on their own.
+                sessions = {newest[k].session for k in keys.values() if k in final}
+                if len(sessions) > 1 or any(keys[v.name] not in newest or newest[keys[v.name]].status not in RETRIED_ALONE
+                                            for v in todo):
+                    todo = list(self.variants)
+                if not todo:
+                    log.info("%s run %d: already recorded", entry.name, run)
+                    continue
                 # Roughly: the newest measurement's time, shared out evenly among the variants it measured.
                 last = took.get((entry.name, entry.mode, entry.batch, entry.size, self.cfg.tp))
                 need = last and last[0] * len(todo) / last[1]
-                if todo and need and self.deadline is not None and time.time() + need > self.deadline:
+                if need and self.deadline is not None and time.time() + need > self.deadline:
                     log.warning("%s run %d: %d variants should take about %.0f s, %.0f s are left before the "
                                 "deadline: not started (rerun to resume)", entry.name, run, len(todo), need,
                                 self.deadline - time.time())
-                elif todo and self._claim(entry, run):
+                elif self._claim(entry, run):
                     self._measure(entry, run, todo)
         return self.store.path
 

@@ -170,3 +170,10 @@ def test_summary_names_the_workloads_whose_variants_were_all_set_up_alone():
                for r in records]
     assert "GPU to itself: a eval b1, b eval b1. In the other 1 workloads" in report.summary(records)
     assert "GPU to itself" not in report.summary([dataclasses.replace(r, set_up_beside=0) for r in RECORDS])
+
+
+def test_summary_names_the_workloads_whose_variants_were_measured_in_different_sessions():
+    assert "compared across sessions" not in report.summary(RECORDS)
+    records = [dataclasses.replace(r, session="later") if (r.workload, r.variant) == ("b", "grace") else r for r in RECORDS]
+    assert "compared across sessions (so across machines, and outside one interleaved run; the next sweep measures " \
+           "them again together): b eval b1." in report.summary(records)
