@@ -171,10 +171,11 @@ def _took(run: list[Record], alone: bool) -> float | None:
     field: its setups, compile_s + warmup_s, as a lower bound). With `alone`, as if every variant had been
     set up alone: the setups made beside each other then come one after another, so every one but the
     longest (which the parallel setup waited for) is added."""
-    setup = {r.variant: (r.compile_s or 0) + (r.warmup_s or 0) for r in run if r.compile_s is not None}
-    beside = [t for r in run if r.variant in setup and not r.set_up_alone for t in [setup[r.variant]]]
+    setups = {r.variant: (r.compile_s + (r.warmup_s or 0), r.set_up_alone) for r in run if r.compile_s is not None}
+    on_own = [t for t, set_up_alone in setups.values() if set_up_alone]
+    beside = [t for t, set_up_alone in setups.values() if not set_up_alone]
     elapsed = [r.workload_s for r in run if r.workload_s is not None]
-    took = max(elapsed) if elapsed else sum(setup.values()) - sum(beside) + max(beside, default=0)
+    took = max(elapsed) if elapsed else sum(on_own) + max(beside, default=0)
     if alone and beside:
         took += sum(beside) - max(beside)
     return took or None
