@@ -10,8 +10,8 @@ variant is profiled, and one record per variant is appended. What is recorded as
 together, in one session, unless only failed or skipped ones are left to retry; `shard` splits the workload
 list across machines or calls, `claims` shares it out between sweeps running side by side; `budget_s`
 stops starting new workloads in time, and `deadline` (when the sweep will be stopped from outside, a
-device call's limit) passes over a workload whose last measurement took longer than the time left, which
-would only be interrupted and lose its progress.
+device call's limit) passes over a workload that should take longer than the time left (records.durations),
+which would only be interrupted and lose its progress.
 """
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ class Sweep:
                 # unmeasured, interrupted or measured again, or measurements from different sessions, and all are
                 # measured together. Variants that failed or were skipped are retried on their own.
                 sessions = {newest[k].session for k in keys.values() if k in final}
-                if len(sessions) > 1 or any(keys[v.name] not in newest or newest[keys[v.name]].status not in RETRIED_ALONE
-                                            for v in todo):
+                retried = [v for v in todo if keys[v.name] in newest and newest[keys[v.name]].status in RETRIED_ALONE]
+                if len(sessions) > 1 or len(retried) < len(todo):
                     todo = list(self.variants)
                 if not todo:
                     log.info("%s run %d: already recorded", entry.name, run)
