@@ -1,4 +1,4 @@
-"""Where a measurement was taken: GPU, driver, CUDA, torch, triton, this repo's commit, date.
+"""Where a measurement was taken: GPU, driver, CUDA, torch, triton, this repo's commit, host CPU, date.
 
 Stored in every record, so that any number can be traced to the machine and code that produced it.
 """
@@ -33,6 +33,8 @@ class Environment:
     host: str
     date: str  # UTC, ISO 8601
     gpus: str | None = None  # "<visible to this process> of <on the host>": "1 of 2" when a second sweep may share the host
+    cpu: str | None = None  # "<model>, <n> cores": host-bound workloads' times depend on it
+    load: float | None = None  # the host's 1-minute load average when the session began
 
 
 def _git_commit() -> str:
@@ -59,6 +61,24 @@ def _driver_versions() -> list[str]:
         return []
 
 
+def _cpu() -> str:
+    """The host CPU's model (Linux /proc/cpuinfo, else platform.processor()) and its core count."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        model = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    except OSError:
+        model = None
+    name = model.group(1).strip() if model else (platform.processor() or "unknown")
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # no load average on this platform
+        return None
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
@@ -82,6 +102,8 @@ def current() -> Environment:
         host=platform.node(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         gpus=f"{torch.cuda.device_count()} of {len(drivers)}" if cuda else None,
+        cpu=_cpu(),
+        load=_load(),
     )
 
 

@@ -35,7 +35,7 @@ LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "
           "runtime": "GraCE runtime", "cgct": "CGCT",
           "pi": "PI", "scg": "SCG", "cgct_pi": "CGCT+PI", "grace": "GraCE"}
 GEOMEAN = "geomean"
-ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date"]
+ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date", "cpu"]
 
 
 def frame(records: Iterable[Record]) -> pd.DataFrame:

@@ -148,7 +148,8 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
         f"{commit}: {', '.join(sorted(set(labels)))}" for commit, labels in by_commit) + ".")
     lines.append(f"- Measured on {_values(used, 'gpu')}, driver {_values(used, 'driver')}, torch "
                  f"{_values(used, 'torch')}, triton {_values(used, 'triton')}, commits {_values(used, 'git_commit')}, "
-                 f"between {used['date'].min()} and {used['date'].max()}.")
+                 f"between {used['date'].min()} and {used['date'].max()}; host CPUs (recorded since 2026-12-01): "
+                 f"{_values(used, 'cpu')}.")
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,7 @@
 """End to end through the real Hydra config, on whatever machine runs the tests (tiny sizes)."""
 
 import dataclasses
+import os
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -41,6 +42,7 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
         assert r.compile_s > 0 and r.kernels.iters == 2 and r.set_up_beside == 0
         assert r.host.iters == 2 and (host_profile.GENERATED in r.host.groups) == (name != "eager")
         assert r.env["torch"] == torch.__version__ and r.env["git_commit"]
+        assert r.env["cpu"].endswith(f", {os.cpu_count()} cores") and r.env["load"] >= 0
         assert r.batch == 8 and r.size == "tiny"
         assert r.graph_breaks == 0 and r.unique_graphs == (0 if name == "eager" else 1)
         assert r.shape_padding == {}  # its GEMMs are aligned: nothing for Inductor to pad
