@@ -147,7 +147,7 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
     lines.append("- Code each workload's records ran: " + "; ".join(
         f"{commit}: {', '.join(sorted(set(labels)))}" for commit, labels in by_commit) + ".")
     lines.append(f"- Measured on {_values(used, 'gpu')}, driver {_values(used, 'driver')}, torch "
-                 f"{_values(used, 'torch')}, triton {_values(used, 'triton')}, commits {_values(used, 'git_commit')}, "
+                 f"{_values(used, 'torch')}, triton {_values(used, 'triton')}, "
                  f"between {used['date'].min()} and {used['date'].max()}; host CPUs (recorded since 2026-12-01): "
                  f"{_values(used, 'cpu')}.")
     return "\n".join(lines) + "\n"
