@@ -153,6 +153,8 @@ class Sweep:
                                                                   alone=not self.measure.parallel_setup)
         newest = self.store.latest()
         took = durations(self.store.load(), alone=not self.measure.parallel_setup)
+        typical = stats.median([t / n for t, n in took.values()]) if took else None
+        wall = time.time()
         for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
             # The first workload always runs, so that every call makes progress.
             if i and self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s:
@@ -172,13 +174,17 @@ class Sweep:
                 if not todo:
                     log.info("%s run %d: already recorded", entry.name, run)
                     continue
-                # Roughly: the newest measurement's time, shared out evenly among the variants it measured.
+                # Roughly: the newest measurement's time, shared out evenly among the variants it measured;
+                # a workload never measured, as long per variant as the median one measured so far.
                 last = took.get((entry.name, entry.mode, entry.batch, entry.size, self.cfg.tp))
-                need = last and last[0] * len(todo) / last[1]
+                per_variant = last[0] / last[1] if last else typical
+                need = per_variant and per_variant * len(todo)
                 if need and self.deadline is not None and time.time() + need > self.deadline:
                     log.warning("%s run %d: %d variants should take about %.0f s, %.0f s are left before the "
-                                "deadline: not started (rerun to resume)", entry.name, run, len(todo), need,
-                                self.deadline - time.time())
+                                "deadline: not started (%s)", entry.name, run, len(todo), need,
+                                self.deadline - time.time(),
+                                "rerun to resume" if wall + need <= self.deadline else
+                                "more than this sweep's whole time: it needs a later deadline")
                 elif self._claim(entry, run):
                     self._measure(entry, run, todo)
         return self.store.path

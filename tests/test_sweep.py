@@ -108,6 +108,19 @@ def test_a_workload_that_took_longer_than_the_time_left_is_passed_over(make_cfg)
         Sweep(make_cfg(*overrides, "deadline=soon"))
 
 
+def test_a_workload_never_measured_is_estimated_from_those_measured(make_cfg, caplog):
+    """Without a measurement of its own, a workload should take as long per variant as the median one
+    measured: after one that took an hour, a never-measured one is not started ten minutes before the
+    deadline either, and the log says that only a later deadline lets either run."""
+    tiny = ["workload.mlp.size=tiny", "variant=[eager]"]
+    store = _sweep(make_cfg, "workload=[mlp]", *tiny).store
+    store.append(dataclasses.replace(store.load()[0], session="long ago", status="interrupted", workload_s=3600.0))
+    soon = (datetime.now(timezone.utc) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S")
+    _sweep(make_cfg, "workload=[mlp,EOS]", *tiny, "workload.EOS.size=tiny", "force=true", f"deadline={soon}")
+    assert len(store.load()) == 2
+    assert caplog.text.count("more than this sweep's whole time") == 2
+
+
 def test_shards_split_the_workload_list(make_cfg):
     base = ["workload=[mlp,EOS,cpu_scalar]", "variant=[eager]", "workload.mlp.size=tiny",
             "workload.EOS.size=tiny", "workload.cpu_scalar.size=tiny"]
