@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +181,18 @@ def _took(run: list[Record], alone: bool) -> float | None:
     return took or None
 
 
-def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, tuple[float, int]]:
+class Took(NamedTuple):
+    seconds: float
+    variants: int
+    at_least: bool = False  # only interrupted measurements: a lower bound
+
+
+def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, Took]:
     """Per workload selection (workload, mode, batch, size, tp), how long its newest measurement took
     (see _took; `alone`: for a sweep that sets up one variant at a time) and how many variants it
     measured. A newest one that was interrupted ran at least as long as it did before it was stopped,
-    and no shorter than the newest whole one: what it measured is unknown, so all of the whole one's."""
+    and no shorter than the newest whole one: what it measured is unknown, so all of the whole one's.
+    Without a whole one, the longest interrupted one is a lower bound (`at_least`)."""
     runs: dict[tuple, dict[tuple, list[Record]]] = {}
     for r in records:  # oldest first
         runs.setdefault((r.workload, r.mode, r.batch, r.size, r.tp), {}).setdefault((r.session, r.run), []).append(r)
@@ -197,9 +204,9 @@ def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, tup
             if t is None:
                 continue
             if all(r.status == "interrupted" for r in run):
-                newest = (max(t, newest[0]), newest[1]) if newest else (t, variants)
+                newest = newest._replace(seconds=max(t, newest.seconds)) if newest else Took(t, variants, True)
             else:
-                newest = (t, variants)
+                newest = Took(t, variants)
         if newest:
             took[k] = newest
     return took

@@ -153,7 +153,8 @@ class Sweep:
                                                                   alone=not self.measure.parallel_setup)
         newest = self.store.latest()
         took = durations(self.store.load(), alone=not self.measure.parallel_setup)
-        typical = stats.median([t / n for t, n in took.values()]) if took else None
+        whole = [t.seconds / t.variants for t in took.values() if not t.at_least]
+        typical = stats.median(whole) if whole else None
         wall = time.time()
         for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
             # The first workload always runs, so that every call makes progress.
@@ -175,9 +176,10 @@ class Sweep:
                     log.info("%s run %d: already recorded", entry.name, run)
                     continue
                 # Roughly: the newest measurement's time, shared out evenly among the variants it measured;
-                # a workload never measured, as long per variant as the median one measured so far.
+                # a workload never measured whole, at least as long per variant as the median one measured.
                 last = took.get((entry.name, entry.mode, entry.batch, entry.size, self.cfg.tp))
-                per_variant = last[0] / last[1] if last else typical
+                own = last and last.seconds / last.variants
+                per_variant = own if last and not last.at_least else max(filter(None, (own, typical)), default=None)
                 need = per_variant and per_variant * len(todo)
                 if need and self.deadline is not None and time.time() + need > self.deadline:
                     log.warning("%s run %d: %d variants should take about %.0f s, %.0f s are left before the "

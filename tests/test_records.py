@@ -3,7 +3,7 @@ import json
 import multiprocessing as mp
 
 from experiments import report
-from experiments.records import TP_REVISED, HostStats, KernelStats, Numerics, Record, RecordStore, current, durations
+from experiments.records import TP_REVISED, HostStats, KernelStats, Numerics, Record, RecordStore, Took, current, durations
 
 
 def make(variant="inductor", status="ok", run=0, **fields) -> Record:
@@ -135,12 +135,13 @@ def test_durations_are_the_newest_measurements_longest_record_and_its_variant_co
     records = [rec("old", "eager", 900.0), rec("new", "eager", 30.0), rec("new", "inductor", 80.0),
                rec("x", "eager", 164.0, status="interrupted", workload="xlnet"),  # ran 164 s, then stopped
                dataclasses.replace(make("eager"), workload="eos")]  # nothing timed: no estimate
-    assert durations(records) == {("mlp", "eval", 8, "tiny", 1): (80.0, 2), ("xlnet", "eval", 8, "tiny", 1): (164.0, 1)}
+    assert durations(records) == {("mlp", "eval", 8, "tiny", 1): Took(80.0, 2),
+                                  ("xlnet", "eval", 8, "tiny", 1): Took(164.0, 1, at_least=True)}
     # stopped after 50 s: at least as long as the whole one before it; stopped after 120 s: at least that
     stopped = [rec("new2", v, 50.0, status="interrupted") for v in ("eager", "inductor", "grace")]
-    assert durations(records + stopped)[("mlp", "eval", 8, "tiny", 1)] == (80.0, 2)
+    assert durations(records + stopped)[("mlp", "eval", 8, "tiny", 1)] == Took(80.0, 2)
     stopped = [dataclasses.replace(r, session="new3", workload_s=120.0) for r in stopped]
-    assert durations(records + stopped)[("mlp", "eval", 8, "tiny", 1)] == (120.0, 2)
+    assert durations(records + stopped)[("mlp", "eval", 8, "tiny", 1)] == Took(120.0, 2)
 
 
 def test_durations_for_a_sweep_setting_up_alone_count_parallel_setups_one_after_another():
@@ -150,11 +151,11 @@ def test_durations_for_a_sweep_setting_up_alone_count_parallel_setups_one_after_
 
     parallel = [rec("eager", 20.0, 2), rec("inductor", 40.0, 2), rec("grace", 30.0, 0)]  # grace set up alone
     k = ("mlp", "eval", 8, "tiny", 1)
-    assert durations(parallel) == {k: (100.0, 3)}
-    assert durations(parallel, alone=True) == {k: (121.0, 3)}  # the shorter parallel setup (20 + 1 s) now comes on top
+    assert durations(parallel) == {k: Took(100.0, 3)}
+    assert durations(parallel, alone=True) == {k: Took(121.0, 3)}  # the shorter parallel setup (20 + 1 s) now comes on top
     serial = [rec("eager", 20.0, 0), rec("inductor", 40.0, 0)]
-    assert durations(serial, alone=True) == {k: (100.0, 2)}
+    assert durations(serial, alone=True) == {k: Took(100.0, 2)}
     # from before workload_s: the setups, those made beside each other overlapping unless `alone`
     untimed = [dataclasses.replace(r, workload_s=None) for r in parallel]
-    assert durations(untimed) == {k: (31.0 + 41.0, 3)}
-    assert durations(untimed, alone=True) == {k: (31.0 + 41.0 + 21.0, 3)}
+    assert durations(untimed) == {k: Took(31.0 + 41.0, 3)}
+    assert durations(untimed, alone=True) == {k: Took(31.0 + 41.0 + 21.0, 3)}

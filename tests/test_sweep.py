@@ -108,16 +108,21 @@ def test_a_workload_that_took_longer_than_the_time_left_is_passed_over(make_cfg)
         Sweep(make_cfg(*overrides, "deadline=soon"))
 
 
-def test_a_workload_never_measured_is_estimated_from_those_measured(make_cfg, caplog):
-    """Without a measurement of its own, a workload should take as long per variant as the median one
-    measured: after one that took an hour, a never-measured one is not started ten minutes before the
-    deadline either, and the log says that only a later deadline lets either run."""
-    tiny = ["workload.mlp.size=tiny", "variant=[eager]"]
-    store = _sweep(make_cfg, "workload=[mlp]", *tiny).store
-    store.append(dataclasses.replace(store.load()[0], session="long ago", status="interrupted", workload_s=3600.0))
+def test_a_workload_never_measured_whole_is_estimated_from_those_measured(make_cfg, caplog):
+    """A workload only ever interrupted (DR-I, stopped after 52 s, was started again 201 s before a call's
+    end and stopped after 213 s) should take at least as long per variant as the median one measured:
+    after one that took an hour, it is not started ten minutes before the deadline either, and the log
+    says that only a later deadline lets either run."""
+    tiny = ["workload=[mlp,EOS]", "workload.mlp.size=tiny", "workload.EOS.size=tiny", "variant=[eager]"]
+    store = _sweep(make_cfg, *tiny).store
+    mlp, eos = store.load()
+    store.path.unlink()
+    for r in (mlp, dataclasses.replace(mlp, session="later", status="interrupted", workload_s=3600.0),
+              dataclasses.replace(eos, status="interrupted", workload_s=1.0)):
+        store.append(r)
     soon = (datetime.now(timezone.utc) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S")
-    _sweep(make_cfg, "workload=[mlp,EOS]", *tiny, "workload.EOS.size=tiny", "force=true", f"deadline={soon}")
-    assert len(store.load()) == 2
+    _sweep(make_cfg, *tiny, "force=true", f"deadline={soon}")
+    assert len(store.load()) == 3
     assert caplog.text.count("more than this sweep's whole time") == 2
 
 
