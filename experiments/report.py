@@ -138,11 +138,12 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
                      f"{(~alone).sum()} workloads some were set up beside other variants' compiling workers "
                      "(measure.parallel_setup, the sweeps' way until 2026-12-01), so that Inductor's choices by timing at "
                      "compile time may differ between their variants, as DGPT2's padding of a GEMM did (README, \"How a "
-                     "measurement is taken\"); the next sweep measures those again.")
+                     "measurement is taken\"); a sweep measures those again where its deadline leaves them time (by their "
+                     "estimates DALLE2, XLNET-T, TEFD and VM need more than one of the lent GPU's 10-minute calls).")
     sessions = used.groupby("label")["session"].nunique()
     if (sessions > 1).any():
-        lines.append("- Variants compared across sessions (so across machines, and outside one interleaved run; the next "
-                     f"sweep measures them again together): {', '.join(sessions[sessions > 1].index)}.")
+        lines.append("- Variants compared across sessions (so across machines, and outside one interleaved run; a sweep "
+                     f"measures them again together): {', '.join(sessions[sessions > 1].index)}.")
     by_commit = used.assign(commit=used["git_commit"].fillna("unknown").str[:7]).groupby("commit")["label"]
     lines.append("- Code each workload's records ran: " + "; ".join(
         f"{commit}: {', '.join(sorted(set(labels)))}" for commit, labels in by_commit) + ".")

@@ -175,5 +175,5 @@ def test_summary_names_the_workloads_whose_variants_were_all_set_up_alone():
 def test_summary_names_the_workloads_whose_variants_were_measured_in_different_sessions():
     assert "compared across sessions" not in report.summary(RECORDS)
     records = [dataclasses.replace(r, session="later") if (r.workload, r.variant) == ("b", "grace") else r for r in RECORDS]
-    assert "compared across sessions (so across machines, and outside one interleaved run; the next sweep measures " \
+    assert "compared across sessions (so across machines, and outside one interleaved run; a sweep measures " \
            "them again together): b eval b1." in report.summary(records)
