@@ -184,7 +184,7 @@ def _took(run: list[Record], alone: bool) -> float | None:
 class Took(NamedTuple):
     seconds: float
     variants: int
-    at_least: bool = False  # only interrupted measurements: a lower bound
+    at_least: bool = False  # a lower bound (durations)
 
 
 def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, Took]:
@@ -192,7 +192,8 @@ def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, Too
     (see _took; `alone`: for a sweep that sets up one variant at a time) and how many variants it
     measured. A newest one that was interrupted ran at least as long as it did before it was stopped,
     and no shorter than the newest whole one: what it measured is unknown, so all of the whole one's.
-    Without a whole one, the longest interrupted one is a lower bound (`at_least`)."""
+    Without a whole one, the longest interrupted one is a lower bound (`at_least`), as is a whole one from
+    before workload_s (its setups: DR-I's came to 38 s, and it was stopped after 213 s unfinished)."""
     runs: dict[tuple, dict[tuple, list[Record]]] = {}
     for r in records:  # oldest first
         runs.setdefault((r.workload, r.mode, r.batch, r.size, r.tp), {}).setdefault((r.session, r.run), []).append(r)
@@ -205,8 +206,8 @@ def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, Too
                 continue
             if all(r.status == "interrupted" for r in run):
                 newest = newest._replace(seconds=max(t, newest.seconds)) if newest else Took(t, variants, True)
-            else:
-                newest = Took(t, variants)
+            else:  # from before workload_s, its setups only: a lower bound
+                newest = Took(t, variants, at_least=all(r.workload_s is None for r in run))
         if newest:
             took[k] = newest
     return took
