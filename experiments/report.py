@@ -138,8 +138,8 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
                      f"{(~alone).sum()} workloads some were set up beside other variants' compiling workers "
                      "(measure.parallel_setup, the sweeps' way until 2026-12-01), so that Inductor's choices by timing at "
                      "compile time may differ between their variants, as DGPT2's padding of a GEMM did (README, \"How a "
-                     "measurement is taken\"); a sweep measures those again where its deadline leaves them time (by their "
-                     "estimates DALLE2, XLNET-T, TEFD and VM need more than one of the lent GPU's 10-minute calls).")
+                     "measurement is taken\"); a sweep measures those again where its deadline leaves them time (README, "
+                     "\"Running experiments\": some need more than a lent GPU's 10-minute call).")
     sessions = used.groupby("label")["session"].nunique()
     if (sessions > 1).any():
         lines.append("- Variants compared across sessions (so across machines, and outside one interleaved run; a sweep "
