@@ -81,6 +81,8 @@ class Record:
     # reference) to this record: for the last record of a workload, how long measuring it took
     set_up_beside: int | None = None  # other variants' workers setting up at the same time (0: alone):
     # compile_s, and SCG's timings taken while setting up, are undisturbed only at 0
+    setup_s: float | None = None  # from starting its worker (with others: the group's) to its setup's answer:
+    # compile_s and warmup_s, plus the worker's start, the workload's build and the numerics check
     iter_ms: list[list[float]] = field(default_factory=list)  # wall time per timed iteration, per round
     median_ms: float | None = None  # TP: of each iteration's slowest rank (rank_median_ms: each rank's own)
     rank_median_ms: list[float] | None = None  # TP: each rank's median over its own timed iterations

@@ -138,7 +138,8 @@ class Sweep:
             raise ConfigError("no variant selected")
         self.store = RecordStore(records_path(cfg, self.env))
         self._appended: set[str] = set()
-        self._beside: dict[str, int] = {}  # per variant, the workers set up beside its own (its last setup)
+        # per variant, of its last setup: the workers set up beside its own, and its seconds (Record.setup_s)
+        self._setups: dict[str, tuple[int, float]] = {}
         self._started: float | None = None  # when the workload being measured started (time.monotonic)
         self.deadline = _deadline(cfg.deadline)
         self.session = uuid.uuid4().hex[:12]
@@ -284,9 +285,10 @@ class Sweep:
                 except WorkerError as e:
                     self._unmeasured(entry, run, v, "failed", str(e))
                     continue
+                beside, setup_s = self._setups[name]
                 self._append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds,
-                                            kernels=kernels, host=host, set_up_beside=self._beside[name],
-                                            **asdict(diagnostics)))
+                                            kernels=kernels, host=host, set_up_beside=beside,
+                                            setup_s=round(setup_s, 1), **asdict(diagnostics)))
             return deferred
 
     def _reference(self, entry: Entry, run: int, variants: list[Variant], path: str) -> str | None:
@@ -326,14 +328,15 @@ class Sweep:
         groups = [g for g in groups if g]
         while groups:
             group = groups.pop(0)
+            began = time.monotonic()
             group_workers = [(v, Worker(self._spec(entry, v), m.timeout_s)) for v in group]
             started += [worker for _, worker in group_workers]
             for _, worker in group_workers:
                 worker.request("setup", reference)
             for v, worker in group_workers:
-                self._beside[v.name] = len(group_workers) - 1
                 try:
                     workers[v.name] = (v, worker, worker.reply())
+                    self._setups[v.name] = (len(group_workers) - 1, time.monotonic() - began)
                 except WorkerError as e:
                     worker.close()
                     if len(group) > 1 and _out_of_memory(str(e)):

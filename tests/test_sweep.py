@@ -40,6 +40,7 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
         assert r.p25_ms <= r.median_ms <= r.p75_ms
         assert len(r.launch_us) == 2 and all(x > 0 for x in r.launch_us)
         assert r.compile_s > 0 and r.kernels.iters == 2 and r.set_up_beside == 0
+        assert r.setup_s >= round(r.compile_s + r.warmup_s, 1)  # and the worker's start, the build, the check
         assert r.host.iters == 2 and (host_profile.GENERATED in r.host.groups) == (name != "eager")
         assert r.env["torch"] == torch.__version__ and r.env["git_commit"]
         assert r.env["cpu"].endswith(f", {os.cpu_count()} cores") and r.env["load"] >= 0
