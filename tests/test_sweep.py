@@ -300,7 +300,7 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
     workers = {}
     assert sweep._set_up(sweep.entries[0], 0, sweep.variants, workers, "ref.pt", defer=True, started=[]) == []
     assert list(workers) == ["inductor", "pt2_cg", "scg", "grace"]
-    assert sweep._beside == {"inductor": 1, "pt2_cg": 1, "scg": 0, "grace": 0}
+    assert {v: beside for v, (beside, _) in sweep._setups.items()} == {"inductor": 1, "pt2_cg": 1, "scg": 0, "grace": 0}
     assert events == [("start", "inductor"), ("start", "pt2_cg"), ("end", "inductor"), ("end", "pt2_cg"),
                       ("start", "scg"), ("end", "scg"), ("start", "grace"), ("end", "grace")]
 
