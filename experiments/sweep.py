@@ -179,8 +179,9 @@ class Sweep:
                 # Roughly: the newest measurement's time, shared out evenly among the variants it measured;
                 # a workload never measured whole, at least as long per variant as the median one measured.
                 last = took.get((entry.name, entry.mode, entry.batch, entry.size, self.cfg.tp))
-                own = last and last.seconds / last.variants
-                per_variant = own if last and not last.at_least else max(filter(None, (own, typical)), default=None)
+                per_variant = last.seconds / last.variants if last else None
+                if per_variant is None or last.at_least:
+                    per_variant = max(per_variant or 0, typical or 0) or None
                 need = per_variant and per_variant * len(todo)
                 if need and self.deadline is not None and time.time() + need > self.deadline:
                     log.warning("%s run %d: %d variants should take about %.0f s, %.0f s are left before the "
