@@ -64,8 +64,10 @@ class Round:
 @dataclass(frozen=True)
 class Setup:
     batch: int
+    build_s: float  # the workload's model and inputs built, its initial state kept
     compile_s: float
     warmup_s: float
+    check_s: float  # the rewound step and the numerics check against the reference
     numerics: Numerics | None  # None on tensor-parallel ranks other than 0
 
 
@@ -107,6 +109,18 @@ class Bench:
     def _step(self) -> Any:
         return self.task.step(self.fn)
 
+    def ready(self) -> float:
+        """Before any setup: the workload's modules imported and the CUDA context made, so that a worker
+        started early (the sweep starts every variant's beside the numerics reference) has paid for them
+        before its setup. Returns when it was done, on the machine's monotonic clock, which every process
+        of the machine shares (Worker.ready takes its start from it)."""
+        workloads.get(self.spec.workload)
+        if self.device.type == "cuda":
+            torch.zeros(1, device=self.device)
+            synchronize(self.device)
+            self._release()
+        return time.monotonic()
+
     def _task(self) -> Task:
         spec = self.spec
         return Task(workloads.get(spec.workload)(spec.mode, spec.batch, spec.size, spec.device), spec.seed)
@@ -131,6 +145,7 @@ class Bench:
         recorded, and GraCE's PI and SCG run a partition more than once), and, once warmed up, a step of
         the task rewound to its initial state (graphs replayed), against the reference's first."""
         spec = self.spec
+        t0 = time.perf_counter()
         self.task = self._task()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -139,7 +154,8 @@ class Bench:
         self.task.keep_initial()
         workload = self.task.workload
         self.fn = spec.variant.apply(self.task.model)
-        t0 = time.perf_counter()
+        synchronize(self.device)
+        built = time.perf_counter()
         first = self.task.observe(self.fn)
         synchronize(self.device)
         t1 = time.perf_counter()
@@ -161,7 +177,7 @@ class Bench:
                                        yardsticks),
                              self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
         self._release()
-        return Setup(workload.batch, t1 - t0, t2 - t1, numerics)
+        return Setup(workload.batch, built - t0, t1 - built, t2 - t1, time.perf_counter() - t2, numerics)
 
     def close(self) -> None:
         """Drop the compiled model and free every CUDA graph recorded (grace.reset: stock graph trees

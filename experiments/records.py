@@ -75,14 +75,19 @@ class Record:
     status: str  # one of STATUSES
     tp: int = 1  # tensor-parallel degree: ranks (GPUs) the workload ran on
     reason: str = ""  # why, for any status but ok
+    build_s: float | None = None  # its setup's start: the workload's model and inputs built
     compile_s: float | None = None  # first call: compilation (and for graph variants, warm-up run)
     warmup_s: float | None = None  # the other untimed calls (graph recording happens here)
+    check_s: float | None = None  # its setup's end: a rewound step, the numerics check
     workload_s: float | None = None  # seconds from the start of this workload's measurement (its numerics
     # reference) to this record: for the last record of a workload, how long measuring it took
     set_up_beside: int | None = None  # other variants' workers setting up at the same time (0: alone):
     # compile_s, and SCG's timings taken while setting up, are undisturbed only at 0
-    setup_s: float | None = None  # from starting its worker (with others: the group's) to its setup's answer:
-    # compile_s and warmup_s, plus the worker's start, the workload's build and the numerics check
+    start_s: float | None = None  # its worker's start until ready (process, imports, CUDA context), every
+    # variant's started together, beside the numerics reference
+    setup_s: float | None = None  # from asking its worker (with others: the group's) to set up to the answer:
+    # build_s + compile_s + warmup_s + check_s and what passes between processes. Records without start_s
+    # (before 2026-12-01) count from starting the worker, one after another, so their worker's start too
     iter_ms: list[list[float]] = field(default_factory=list)  # wall time per timed iteration, per round
     median_ms: float | None = None  # TP: of each iteration's slowest rank (rank_median_ms: each rank's own)
     rank_median_ms: list[float] | None = None  # TP: each rank's median over its own timed iterations

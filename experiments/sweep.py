@@ -1,14 +1,14 @@
 """Run an experiment: every selected workload against every selected variant, interleaved, recorded.
 
 Per workload, a worker of its own first takes the numerics reference (the first step in eager, in the
-compute dtype and in float64, written to a file); then each variant to measure gets its own worker
-process (set up one at a time, so compile latencies do not overlap), whose setup checks one step
-against that reference. Then `rounds` rounds: in each, every variant runs `iters` timed iterations in
-turn, the order rotating from round to round, so that a slow moment of the host is shared out. Then each
-variant is profiled, and one record per variant is appended. What is recorded as final is skipped
-(unless forced), so an interrupted sweep resumes where it stopped, but a workload's variants are measured
-together, in one session, unless only failed or skipped ones are left to retry; `shard` splits the workload
-list across machines or calls, `claims` shares it out between sweeps running side by side; `budget_s`
+compute dtype and in float64, written to a file); each variant to measure gets its own worker process,
+started beside the reference's, and once that is done they are set up one at a time, so that compile
+latencies do not overlap; each setup checks its steps against the reference. Then `rounds` rounds: in
+each, every variant runs `iters` timed iterations in turn, the order rotating from round to round, so
+that a slow moment of the host is shared out. Then each variant is profiled, and one record per variant
+is appended. What is recorded as final is skipped (unless forced), so an interrupted sweep resumes where
+it stopped, but a workload's variants are measured together, in one session, unless only failed or
+skipped ones are left to retry; `shard` splits the workload list across machines or calls, `claims` shares it out between sweeps running side by side; `budget_s`
 stops starting new workloads in time, and `deadline` (when the sweep will be stopped from outside, a
 device call's limit) passes over a workload that should take longer than the time left (records.durations),
 which would only be interrupted and lose its progress.
@@ -138,8 +138,9 @@ class Sweep:
             raise ConfigError("no variant selected")
         self.store = RecordStore(records_path(cfg, self.env))
         self._appended: set[str] = set()
-        # per variant, of its last setup: the workers set up beside its own, and its seconds (Record.setup_s)
-        self._setups: dict[str, tuple[int, float]] = {}
+        # per variant, of its last setup: the workers set up beside its own, its worker's start and its setup
+        # in seconds (Record.start_s, Record.setup_s)
+        self._setups: dict[str, tuple[int, float, float]] = {}
         self._started: float | None = None  # when the workload being measured started (time.monotonic)
         self.deadline = _deadline(cfg.deadline)
         self.session = uuid.uuid4().hex[:12]
@@ -246,19 +247,24 @@ class Sweep:
                 available.append(v)
         self._appended = set()  # variants of this workload recorded so far
         try:
-            with tempfile.TemporaryDirectory(prefix="grace-reference-") as folder:
+            with tempfile.TemporaryDirectory(prefix="grace-reference-") as folder, _closing([]) as early:
+                # Every variant's worker starts now, beside the reference's: their imports and CUDA contexts
+                # are then paid for side by side, before the first setup (each took 18-21 s of DR-I's 22 s
+                # setups at ab26239, one after another, against 3 s of compiling).
+                early += [Worker(self._spec(entry, v), self.measure.timeout_s) for v in available]
+                prestarted = dict(zip((v.name for v in available), early))
                 reference = self._reference(entry, run, available, os.path.join(folder, "reference.pt"))
                 log.info("%s: numerics reference after %.0f s", entry.name, time.monotonic() - start)
                 if reference is None:
                     return
-                deferred = self._measure_group(entry, run, available, reference, start, defer=True)
+                deferred = self._measure_group(entry, run, available, reference, start, prestarted, defer=True)
                 if deferred:
                     # Those that ran out of memory beside the others' workers, in a group of their own, with
                     # the stock variants again, so that each is compared with them in one interleaved run
                     again = [v for v in available if v not in deferred and not v.uses_grace]
                     log.info("%s: %s again, with %s, apart from the others (out of GPU memory beside them)",
                              entry.name, ", ".join(v.name for v in deferred), ", ".join(v.name for v in again))
-                    self._measure_group(entry, run, again + deferred, reference, start, defer=False)
+                    self._measure_group(entry, run, again + deferred, reference, start, {}, defer=False)
         except KeyboardInterrupt:  # stopped from outside (a time limit): say so in a record, retried later
             for v in available:
                 if v.name not in self._appended:
@@ -267,13 +273,14 @@ class Sweep:
             raise
 
     def _measure_group(self, entry: Entry, run: int, variants: list[Variant], reference: str, start: float,
-                       defer: bool) -> list[Variant]:
-        """Set up, time interleaved, profile and record `variants`; with `defer`, returns those that ran
-        out of GPU memory even when set up alone beside the others' workers, unrecorded."""
+                       prestarted: dict[str, Worker], defer: bool) -> list[Variant]:
+        """Set up, time interleaved, profile and record `variants`, in the workers of `prestarted` (taken
+        from it) or new ones; with `defer`, returns those that ran out of GPU memory even when set up alone
+        beside the others' workers, unrecorded."""
         m = self.measure
         workers: dict[str, tuple[Variant, Worker, Setup]] = {}
         with _closing([]) as started:  # every worker, set up or not
-            deferred = self._set_up(entry, run, variants, workers, reference, defer, started)
+            deferred = self._set_up(entry, run, variants, workers, reference, defer, started, prestarted)
             log.info("%s: %d variants set up after %.0f s", entry.name, len(workers), time.monotonic() - start)
             rounds = self._time_rounds(entry, run, workers)
             log.info("%s: timed after %.0f s", entry.name, time.monotonic() - start)
@@ -286,10 +293,11 @@ class Sweep:
                 except WorkerError as e:
                     self._unmeasured(entry, run, v, "failed", str(e))
                     continue
-                beside, setup_s = self._setups[name]
+                beside, start_s, setup_s = self._setups[name]
                 self._append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds,
                                             kernels=kernels, host=host, set_up_beside=beside,
-                                            setup_s=round(setup_s, 1), **asdict(diagnostics)))
+                                            start_s=round(start_s, 1), setup_s=round(setup_s, 1),
+                                            **asdict(diagnostics)))
             return deferred
 
     def _reference(self, entry: Entry, run: int, variants: list[Variant], path: str) -> str | None:
@@ -308,8 +316,9 @@ class Sweep:
                 return None
 
     def _set_up(self, entry: Entry, run: int, variants: list[Variant], workers: dict, reference: str,
-                defer: bool, started: list[Worker]) -> list[Variant]:
-        """Start a worker per variant (each added to `started`, for the caller to close) and set it up,
+                defer: bool, started: list[Worker], prestarted: dict[str, Worker]) -> list[Variant]:
+        """Take a worker per variant from `prestarted`, or start one (each added to `started`, for the caller
+        to close), and once it is ready set it up,
         adding those that succeed to `workers`: one after another, so that compile latencies do not
         overlap, or all at once (measure.parallel_setup). Those
         that time themselves while setting up (SCG) are set up one at a time after the others, on a GPU no
@@ -329,15 +338,23 @@ class Sweep:
         groups = [g for g in groups if g]
         while groups:
             group = groups.pop(0)
-            began = time.monotonic()
-            group_workers = [(v, Worker(self._spec(entry, v), m.timeout_s)) for v in group]
+            group_workers = [(v, prestarted.pop(v.name, None) or Worker(self._spec(entry, v), m.timeout_s))
+                             for v in group]
             started += [worker for _, worker in group_workers]
-            for _, worker in group_workers:
-                worker.request("setup", reference)
+            ready = []
             for v, worker in group_workers:
                 try:
+                    ready.append((v, worker, worker.ready()))
+                except WorkerError as e:
+                    worker.close()
+                    self._unmeasured(entry, run, v, "failed", str(e))
+            began = time.monotonic()
+            for _, worker, _ in ready:
+                worker.request("setup", reference)
+            for v, worker, start_s in ready:
+                try:
                     workers[v.name] = (v, worker, worker.reply())
-                    self._setups[v.name] = (len(group_workers) - 1, time.monotonic() - began)
+                    self._setups[v.name] = (len(ready) - 1, start_s, time.monotonic() - began)
                 except WorkerError as e:
                     worker.close()
                     if len(group) > 1 and _out_of_memory(str(e)):
@@ -383,7 +400,8 @@ class Sweep:
                       f"(eager's rel_err {n.eager_rel_err:.3g}, {n.dtype})") + (f"; {n.detail}" if n.detail else "")
             log.warning("%s / %s: %s", entry.name, v.name, reason)
         return self._record(
-            entry, run, v, status, reason=reason, compile_s=setup.compile_s, warmup_s=setup.warmup_s,
+            entry, run, v, status, reason=reason, build_s=setup.build_s, compile_s=setup.compile_s,
+            warmup_s=setup.warmup_s, check_s=setup.check_s,
             iter_ms=iter_ms, median_ms=stats.median(all_ms), p25_ms=p25, p75_ms=p75,
             rank_median_ms=_rank_medians(rounds),
             baseline=self.cfg.baseline if compare_to_baseline else None,

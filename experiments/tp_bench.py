@@ -69,6 +69,9 @@ class TPBench(Bench):
         dist.broadcast_object_list([method, args], src=0, group=self.control)
         return getattr(super(), method)(*args)
 
+    def ready(self) -> float:
+        return self._everywhere("ready")
+
     def setup(self, reference: str):
         return self._everywhere("setup", reference)
 

@@ -1,7 +1,9 @@
 """One Bench in its own process, so that variants share no dynamo state and no compile caches.
 
 The parent calls Bench methods by name over a pipe; the worker answers ("ok", value) or ("error", text).
-A worker that dies or stops answering becomes a WorkerError in the parent, never a crashed sweep.
+A worker that dies or stops answering becomes a WorkerError in the parent, never a crashed sweep. A worker
+gets itself ready (Bench.ready) as soon as it starts, so that workers started together import and make
+their CUDA contexts side by side, before any of them is asked for anything else.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import multiprocessing as mp
 import os
 import tempfile
+import time
 from typing import Any
 
 from experiments.bench import Bench, Spec
@@ -49,12 +52,25 @@ class Worker:
         self._conn, child = ctx.Pipe()
         # Not a daemon: Inductor starts compile subprocesses of its own.
         self._proc = ctx.Process(target=_serve, args=(child, spec), name=f"bench-{spec.workload}-{spec.variant.name}")
+        self._began = time.monotonic()
         self._proc.start()
         child.close()
         self.timeout_s = timeout_s
+        self._start_s: float | None = None
+        self._send("ready")
+
+    def ready(self) -> float:
+        """Waits until the worker is ready; returns the seconds from its start until then."""
+        if self._start_s is None:
+            self._start_s = self.reply() - self._began
+        return self._start_s
 
     def request(self, method: str, *args: Any) -> None:
-        """Ask the worker to run `method`; reply() waits for the answer."""
+        """Ask the worker to run `method` (once it is ready); reply() waits for the answer."""
+        self.ready()
+        self._send(method, *args)
+
+    def _send(self, method: str, *args: Any) -> None:
         self._method = method
         try:
             self._conn.send((method, args))

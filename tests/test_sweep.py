@@ -40,7 +40,10 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
         assert r.p25_ms <= r.median_ms <= r.p75_ms
         assert len(r.launch_us) == 2 and all(x > 0 for x in r.launch_us)
         assert r.compile_s > 0 and r.kernels.iters == 2 and r.set_up_beside == 0
-        assert r.setup_s >= round(r.compile_s + r.warmup_s, 1)  # and the worker's start, the build, the check
+        # its setup's parts, each measured in the worker, add up to at most what the sweep saw; the worker's
+        # start is apart, before it
+        assert 0 < r.build_s and 0 < r.check_s and r.start_s > 0
+        assert r.setup_s >= round(r.build_s + r.compile_s + r.warmup_s + r.check_s, 1) - 0.1
         assert r.host.iters == 2 and (host_profile.GENERATED in r.host.groups) == (name != "eager")
         assert r.env["torch"] == torch.__version__ and r.env["git_commit"]
         assert r.env["cpu"].endswith(f", {os.cpu_count()} cores") and r.env["load"] >= 0
@@ -288,6 +291,9 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
         def __init__(self, spec, timeout_s):
             self.variant = spec.variant.name
 
+        def ready(self):
+            return 0.0
+
         def request(self, method, *args):
             events.append(("start", self.variant))
 
@@ -298,9 +304,10 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
     sweep = Sweep(make_cfg("workload=[mlp]", "variant=[inductor,pt2_cg,scg,grace]", "measure.parallel_setup=true"))
     assert [v.times_itself for v in sweep.variants] == [False, False, True, True]
     workers = {}
-    assert sweep._set_up(sweep.entries[0], 0, sweep.variants, workers, "ref.pt", defer=True, started=[]) == []
+    assert sweep._set_up(sweep.entries[0], 0, sweep.variants, workers, "ref.pt", defer=True, started=[],
+                         prestarted={}) == []
     assert list(workers) == ["inductor", "pt2_cg", "scg", "grace"]
-    assert {v: beside for v, (beside, _) in sweep._setups.items()} == {"inductor": 1, "pt2_cg": 1, "scg": 0, "grace": 0}
+    assert {v: beside for v, (beside, _, _) in sweep._setups.items()} == {"inductor": 1, "pt2_cg": 1, "scg": 0, "grace": 0}
     assert events == [("start", "inductor"), ("start", "pt2_cg"), ("end", "inductor"), ("end", "pt2_cg"),
                       ("start", "scg"), ("end", "scg"), ("start", "grace"), ("end", "grace")]
 
@@ -308,12 +315,17 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
 def test_a_sweep_stopped_during_a_setup_kills_every_worker_and_records_the_rest_as_interrupted(make_cfg, monkeypatch):
     """SIGINT while a variant sets up (on two H200s a TP worker hung there, in NCCL): no worker is waited
     for, the one being set up included, and the variants not yet recorded say interrupted."""
-    started = []
+    started, asked = [], []
 
     class Stopped(sweep_module.Worker):
         def __init__(self, spec, timeout_s):
             super().__init__(spec, timeout_s)
             started.append(self)
+            asked.append("start")
+
+        def request(self, method, *args):
+            asked.append(method)
+            super().request(method, *args)
 
         def reply(self):
             if self._method == "setup" and len(started) == 3:  # the reference's worker, eager's, inductor's
@@ -325,6 +337,8 @@ def test_a_sweep_stopped_during_a_setup_kills_every_worker_and_records_the_rest_
     with pytest.raises(KeyboardInterrupt):
         sweep.run()
     assert len(started) == 3 and not any(w._proc.is_alive() for w in started)
+    # the variants' workers were started beside the reference's, before it was asked for the reference
+    assert asked[:4] == ["start", "start", "start", "reference"]
     assert {r.variant: r.status for r in sweep.store.load()} == {"eager": "interrupted", "inductor": "interrupted"}
 
 
