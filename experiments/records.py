@@ -191,7 +191,17 @@ def _took(run: list[Record], alone: bool) -> float | None:
 class Took(NamedTuple):
     seconds: float
     variants: int
-    at_least: bool = False  # a lower bound (durations)
+    of: str = "whole"  # what `seconds` counts: a "whole" measurement, or lower bounds: one "interrupted", or
+    # the "setups" (compile_s + warmup_s) of one from before workload_s
+
+
+def _runs(records: Iterable[Record]) -> dict[tuple, dict[tuple, list[Record]]]:
+    """Per workload selection (workload, mode, batch, size, tp), its runs' records by (session, run),
+    oldest first."""
+    runs: dict[tuple, dict[tuple, list[Record]]] = {}
+    for r in records:  # oldest first
+        runs.setdefault((r.workload, r.mode, r.batch, r.size, r.tp), {}).setdefault((r.session, r.run), []).append(r)
+    return runs
 
 
 def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, Took]:
@@ -199,25 +209,37 @@ def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, Too
     (see _took; `alone`: for a sweep that sets up one variant at a time) and how many variants it
     measured. A newest one that was interrupted ran at least as long as it did before it was stopped,
     and no shorter than the newest whole one: what it measured is unknown, so all of the whole one's.
-    Without a whole one, the longest interrupted one is a lower bound (`at_least`), as is a whole one from
-    before workload_s (its setups: DR-I's came to 38 s, and it was stopped after 213 s unfinished)."""
-    runs: dict[tuple, dict[tuple, list[Record]]] = {}
-    for r in records:  # oldest first
-        runs.setdefault((r.workload, r.mode, r.batch, r.size, r.tp), {}).setdefault((r.session, r.run), []).append(r)
+    Without a whole one, the longest interrupted one is a lower bound, as is a whole one from before
+    workload_s (its setups: DR-I's came to 38 s, and it was stopped after 213 s unfinished)."""
     took = {}
-    for k, by_run in runs.items():
+    for k, by_run in _runs(records).items():
         newest = None
         for run in by_run.values():  # oldest first
             t, variants = _took(run, alone), len({r.variant for r in run})
             if t is None:
                 continue
             if all(r.status == "interrupted" for r in run):
-                newest = newest._replace(seconds=max(t, newest.seconds)) if newest else Took(t, variants, True)
-            else:  # from before workload_s, its setups only: a lower bound
-                newest = Took(t, variants, at_least=all(r.workload_s is None for r in run))
+                newest = newest._replace(seconds=max(t, newest.seconds)) if newest else Took(t, variants, "interrupted")
+            else:
+                newest = Took(t, variants, "setups" if all(r.workload_s is None for r in run) else "whole")
         if newest:
             took[k] = newest
     return took
+
+
+def beyond_setups(records: Iterable[Record]) -> float | None:
+    """Per variant, the most that a whole measurement whose workers started beside the reference (with
+    start_s, since 2026-12-01) took beyond its setups' compile_s and warmup_s: the reference, starting,
+    building, checking, timing, profiling and closing (DLRM's: 8.2 s a variant at ba21fa4). Added to the
+    setups of a measurement from before workload_s, it makes an estimate of the whole; None without one."""
+    beyond = []
+    for by_run in _runs(records).values():
+        for run in by_run.values():
+            elapsed = [r.workload_s for r in run if r.workload_s is not None]
+            if elapsed and any(r.start_s is not None for r in run) and all(r.status != "interrupted" for r in run):
+                setups = sum(r.compile_s + (r.warmup_s or 0) for r in run if r.compile_s is not None)
+                beyond.append((max(elapsed) - setups) / len({r.variant for r in run}))
+    return max(beyond, default=None)
 
 
 class RecordStore:

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from experiments import environment, stats, workloads
 from experiments.bench import Round, Setup, Spec
-from experiments.records import Record, RecordStore, durations, key
+from experiments.records import Record, RecordStore, beyond_setups, durations, key
 from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
 
@@ -116,6 +116,8 @@ def _closing(workers: list[Worker]) -> Iterator[list[Worker]]:
         stopping = True
         raise
     finally:
+        for worker in workers:  # all asked first: one by one, DLRM's eight took 26 s to close at ba21fa4
+            worker.ask_to_close()
         for worker in workers:
             worker.close(wait_s=0 if stopping else 60)
 
@@ -154,9 +156,11 @@ class Sweep:
         final = set() if force is True else self.store.final_keys(str(force) if force else None, revised,
                                                                   alone=not self.measure.parallel_setup)
         newest = self.store.latest()
-        took = durations(self.store.load(), alone=not self.measure.parallel_setup)
-        whole = [t.seconds / t.variants for t in took.values() if not t.at_least]
+        recorded = self.store.load()
+        took = durations(recorded, alone=not self.measure.parallel_setup)
+        whole = [t.seconds / t.variants for t in took.values() if t.of == "whole"]
         typical = stats.median(whole) if whole else None
+        beyond = beyond_setups(recorded)
         wall = time.time()
         for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
             # The first workload always runs, so that every call makes progress.
@@ -177,11 +181,14 @@ class Sweep:
                 if not todo:
                     log.info("%s run %d: already recorded", entry.name, run)
                     continue
-                # Roughly: the newest measurement's time, shared out evenly among the variants it measured;
-                # a workload never measured whole, at least as long per variant as the median one measured.
+                # Roughly: the newest measurement's time, shared out evenly among the variants it measured; one
+                # from before workload_s, its setups and what measurements now take beyond theirs; a workload
+                # never measured whole, at least as long per variant as the median one measured.
                 last = took.get((entry.name, entry.mode, entry.batch, entry.size, self.cfg.tp))
                 per_variant = last.seconds / last.variants if last else None
-                if per_variant is None or last.at_least:
+                if last and last.of == "setups" and beyond is not None:
+                    per_variant += beyond
+                elif last is None or last.of != "whole":
                     per_variant = max(per_variant or 0, typical or 0) or None
                 need = per_variant and per_variant * len(todo)
                 if need and self.deadline is not None and time.time() + need > self.deadline:

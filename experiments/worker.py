@@ -57,6 +57,7 @@ class Worker:
         child.close()
         self.timeout_s = timeout_s
         self._start_s: float | None = None
+        self._closing = False
         self._send("ready")
 
     def ready(self) -> float:
@@ -95,14 +96,20 @@ class Worker:
         self.request(method, *args)
         return self.reply()
 
-    def close(self, wait_s: float = 60) -> None:
-        """Ask the worker to finish and wait up to `wait_s` for it, then kill it (0: at once, as when the
-        sweep is being stopped: a worker may be stuck in a collective its peers left)."""
-        if self._proc.is_alive():
+    def ask_to_close(self) -> None:
+        """Ask the worker to finish, without waiting: workers asked together exit side by side."""
+        if self._proc.is_alive() and not self._closing:
+            self._closing = True
             try:
                 self._conn.send(("close", ()))
             except OSError:
                 pass
+
+    def close(self, wait_s: float = 60) -> None:
+        """Ask the worker to finish and wait up to `wait_s` for it, then kill it (0: at once, as when the
+        sweep is being stopped: a worker may be stuck in a collective its peers left)."""
+        self.ask_to_close()
+        if self._proc.is_alive():
             self._proc.join(wait_s)
         if self._proc.is_alive():
             if wait_s:

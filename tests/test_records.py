@@ -3,7 +3,8 @@ import json
 import multiprocessing as mp
 
 from experiments import report
-from experiments.records import TP_REVISED, HostStats, KernelStats, Numerics, Record, RecordStore, Took, current, durations
+from experiments.records import (TP_REVISED, HostStats, KernelStats, Numerics, Record, RecordStore, Took, beyond_setups,
+                                 current, durations)
 
 
 def make(variant="inductor", status="ok", run=0, **fields) -> Record:
@@ -136,7 +137,7 @@ def test_durations_are_the_newest_measurements_longest_record_and_its_variant_co
                rec("x", "eager", 164.0, status="interrupted", workload="xlnet"),  # ran 164 s, then stopped
                dataclasses.replace(make("eager"), workload="eos")]  # nothing timed: no estimate
     assert durations(records) == {("mlp", "eval", 8, "tiny", 1): Took(80.0, 2),
-                                  ("xlnet", "eval", 8, "tiny", 1): Took(164.0, 1, at_least=True)}
+                                  ("xlnet", "eval", 8, "tiny", 1): Took(164.0, 1, "interrupted")}
     # stopped after 50 s: at least as long as the whole one before it; stopped after 120 s: at least that
     stopped = [rec("new2", v, 50.0, status="interrupted") for v in ("eager", "inductor", "grace")]
     assert durations(records + stopped)[("mlp", "eval", 8, "tiny", 1)] == Took(80.0, 2)
@@ -157,5 +158,17 @@ def test_durations_for_a_sweep_setting_up_alone_count_parallel_setups_one_after_
     assert durations(serial, alone=True) == {k: Took(100.0, 2)}
     # from before workload_s: the setups, those made beside each other overlapping unless `alone`
     untimed = [dataclasses.replace(r, workload_s=None) for r in parallel]
-    assert durations(untimed) == {k: Took(31.0 + 41.0, 3, at_least=True)}
-    assert durations(untimed, alone=True) == {k: Took(31.0 + 41.0 + 21.0, 3, at_least=True)}
+    assert durations(untimed) == {k: Took(31.0 + 41.0, 3, "setups")}
+    assert durations(untimed, alone=True) == {k: Took(31.0 + 41.0 + 21.0, 3, "setups")}
+
+
+def test_beyond_setups_is_the_most_a_measurement_with_started_workers_took_past_its_setups_per_variant():
+    def rec(session, variant, took, start_s=5.0, status="ok", workload="mlp"):
+        return dataclasses.replace(make(variant, status), session=session, workload=workload, workload_s=took,
+                                   compile_s=10.0, warmup_s=2.0, start_s=start_s)
+
+    assert beyond_setups([rec("old", "eager", 500.0, start_s=None)]) is None  # workers started one by one
+    records = [rec("a", "eager", 40.0), rec("a", "inductor", 64.0),  # (64 - 2 x 12) / 2
+               rec("b", "eager", 30.0, workload="eos"),  # 30 - 12
+               rec("c", "eager", 900.0, status="interrupted", workload="xlnet")]  # not whole
+    assert beyond_setups(records) == 20.0

@@ -130,6 +130,29 @@ def test_a_workload_never_measured_whole_is_estimated_from_those_measured(make_c
     assert caplog.text.count("more than this sweep's whole time") == 2
 
 
+def test_a_workload_measured_before_workload_s_is_estimated_from_its_setups_and_what_others_took_beyond(make_cfg,
+                                                                                                        caplog):
+    """A measurement from before workload_s kept only its setups (compile_s, warmup_s): the estimate adds
+    what whole measurements with workers started beside the reference (start_s) took beyond theirs, per
+    variant, not the median workload's time, which an hour-long one (XLNET-T) pulls up past a call's limit."""
+    tiny = ["workload=[mlp,EOS,cpu_scalar]", "workload.mlp.size=tiny", "workload.EOS.size=tiny",
+            "workload.cpu_scalar.size=tiny", "variant=[eager]"]
+    store = _sweep(make_cfg, *tiny).store
+    mlp, eos, scalar = store.load()
+    assert eos.start_s is not None and eos.workload_s < 300
+    kept = [dataclasses.replace(mlp, workload_s=None, start_s=None),  # its setups only
+            dataclasses.replace(scalar, workload_s=3600.0, start_s=None)]  # the median: (3600 + EOS's) / 2
+    soon = (datetime.now(timezone.utc) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S")
+    for known in ([eos], []):  # with what EOS took beyond its setup, and without: the median then
+        store.path.unlink()
+        for r in kept + known:
+            store.append(r)
+        _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager]", "force=true",
+               f"deadline={soon}")
+        assert [r.workload for r in store.load()[len(kept + known):]] == (["mlp"] if known else [])
+    assert caplog.text.count("mlp run 0: 1 variants should take about") == 1
+
+
 def test_shards_split_the_workload_list(make_cfg):
     base = ["workload=[mlp,EOS,cpu_scalar]", "variant=[eager]", "workload.mlp.size=tiny",
             "workload.EOS.size=tiny", "workload.cpu_scalar.size=tiny"]
@@ -451,3 +474,27 @@ def test_spread_measures_each_workload_twice_with_fresh_processes(make_cfg):
     assert all(r.status == "ok" and r.experiment == "spread" for r in recs)
     text = report.spread(recs)
     assert "mlp" in text and "eager" in text and "spread %" in text
+
+
+def test_workers_are_all_asked_to_close_before_any_is_waited_for():
+    """Workers exit side by side (each takes seconds: CUDA context, compile subprocesses); when the sweep
+    is being stopped, none is waited for."""
+    events = []
+
+    class Fake:
+        def __init__(self, n):
+            self.n = n
+
+        def ask_to_close(self):
+            events.append(("ask", self.n))
+
+        def close(self, wait_s):
+            events.append(("wait", self.n, wait_s))
+
+    with sweep_module._closing([Fake(0), Fake(1)]) as workers:
+        workers.append(Fake(2))
+    assert events == [("ask", 0), ("ask", 1), ("ask", 2), ("wait", 0, 60), ("wait", 1, 60), ("wait", 2, 60)]
+    events.clear()
+    with pytest.raises(KeyboardInterrupt), sweep_module._closing([Fake(0)]):
+        raise KeyboardInterrupt
+    assert events == [("ask", 0), ("wait", 0, 0)]
