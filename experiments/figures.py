@@ -26,7 +26,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from experiments import stats, workloads  # noqa: E402
-from experiments.records import Record, latest  # noqa: E402
+from experiments.records import Record, latest, session_baselines  # noqa: E402
 
 TP_EXPERIMENT = "tp"  # conf/experiment/tp.yaml: the records of Fig 11
 KEY = ["workload", "mode", "batch", "size", "variant", "run", "tp"]
@@ -39,13 +39,18 @@ ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date", "cpu"]
 
 
 def frame(records: Iterable[Record]) -> pd.DataFrame:
-    """One row per key: the latest record (records.latest; records are taken oldest first)."""
+    """One row per key: the latest record (records.latest; records are taken oldest first), with
+    `baseline_ms`, the median of the baseline measured in its session (empty where none was ok)."""
+    records = list(records)
+    anchors = session_baselines(records, BASELINE)
     rows = []
     for r in latest(records).values():
         k = r.kernels
+        anchor = anchors.get((r.session, r.workload, r.mode, r.batch, r.size, r.run, r.tp))
         rows.append({
             "workload": r.workload, "mode": r.mode, "batch": r.batch, "size": r.size, "variant": r.variant,
             "run": r.run, "tp": r.tp, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,
+            "baseline_ms": anchor.median_ms if anchor and anchor.status == "ok" else None,
             "round_ratios": r.round_ratios,
             "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
@@ -57,10 +62,11 @@ def frame(records: Iterable[Record]) -> pd.DataFrame:
             "set_up_alone": r.set_up_alone,
             **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
-    df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "round_ratios", "gpu_kernel_ms", "kernels",
+    df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "baseline_ms", "round_ratios", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
                                            "not_captured", "set_up_alone", *ENV_COLUMNS])
+    df["baseline_ms"] = df["baseline_ms"].astype(float)  # all empty: None, an object column otherwise
     df["label"] = [label(r.workload, r.mode, r.batch, r.size) for r in df.itertuples()]
     df["paper"] = [acronym(r.workload, r.mode, r.batch, r.size) is not None for r in df.itertuples()]
     return df
@@ -95,9 +101,12 @@ def _ok(df: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def speedups(df: pd.DataFrame, variants: Sequence[str]) -> pd.DataFrame:
-    """label x variant: median(inductor) / median(variant); NaN where either is missing."""
-    med = _ok(df, "median_ms").reindex(columns=list(dict.fromkeys([BASELINE, *variants])))
-    table = pd.DataFrame({v: stats.speedup(med[BASELINE], med[v]) for v in variants}, index=med.index)
+    """label x variant: median(inductor) / median(variant), inductor's of the variant's own session (a
+    workload measured in parts has one per part), else its newest; NaN where either is missing."""
+    columns = list(dict.fromkeys([BASELINE, *variants]))
+    med = _ok(df, "median_ms").reindex(columns=columns)
+    base = _ok(df, "baseline_ms").reindex(index=med.index, columns=columns)
+    table = pd.DataFrame({v: stats.speedup(base[v].fillna(med[BASELINE]), med[v]) for v in variants}, index=med.index)
     return table.reindex(sorted(df["label"].unique()))
 
 

@@ -155,6 +155,17 @@ def latest(records: Iterable[Record]) -> dict[tuple, Record]:
     return newest
 
 
+def session_baselines(records: Iterable[Record], baseline: str) -> dict[tuple, Record]:
+    """Per (session, workload, mode, batch, size, run, tp), the newest record of the `baseline` variant in that
+    session (an `interrupted` one passed over): what the session's other variants are compared with. A workload
+    measured in parts (sweep.py) has one per part."""
+    newest = {}
+    for r in records:  # oldest first
+        if r.variant == baseline and r.status != "interrupted":
+            newest[(r.session, r.workload, r.mode, r.batch, r.size, r.run, r.tp)] = r
+    return newest
+
+
 # Tensor-parallel records (tp > 1) made before this date were slowed by the harness: another variant's idle
 # rank, waiting for its next command in an NCCL broadcast, kept a kernel spinning on the timed rank's GPU
 # (experiments/tp_bench.py; on two H200s DALLE2 at TP2 took 12.1 ms then, 5.3 after).

@@ -138,12 +138,21 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
                      f"{(~alone).sum()} workloads some were set up beside other variants' compiling workers "
                      "(measure.parallel_setup, the sweeps' way until 2026-12-01), so that Inductor's choices by timing at "
                      "compile time may differ between their variants, as DGPT2's padding of a GEMM did (README, \"How a "
-                     "measurement is taken\"); a sweep measures those again where its deadline leaves them time (README, "
-                     "\"Running experiments\": some need more than a lent GPU's 10-minute call).")
+                     "measurement is taken\"); a sweep measures those again, in parts where a workload takes longer than "
+                     "its deadline leaves (README, \"Running experiments\").")
+    ok = df[(df["status"] == "ok") & (df["variant"] != "eager")]  # eager: in no figure (the smoke experiment's)
+    anchored = ok["baseline_ms"].notna().groupby(ok["label"]).all()  # each variant with its own session's baseline
+    parts = ok.groupby("label")["session"].nunique().loc[lambda n: n > 1]
+    if len(parts.index.intersection(anchored[anchored].index)):
+        lines.append(f"- Variants from more than one session, each session with its own run of {BASELINE}, which its "
+                     "variants' speedups are taken against (a workload measured in parts, README, \"Running experiments\", "
+                     "or measured again by another experiment): "
+                     f"{', '.join(parts.index.intersection(anchored[anchored].index))}.")
     sessions = used.groupby("label")["session"].nunique()
-    if (sessions > 1).any():
+    across = sessions[sessions > 1].index.difference(anchored[anchored].index)
+    if len(across):
         lines.append("- Variants compared across sessions (so across machines, and outside one interleaved run; a sweep "
-                     f"measures them again together): {', '.join(sessions[sessions > 1].index)}.")
+                     f"measures them again together): {', '.join(across)}.")
     by_commit = used.assign(commit=used["git_commit"].fillna("unknown").str[:7]).groupby("commit")["label"]
     lines.append("- Code each workload's records ran: " + "; ".join(
         f"{commit}: {', '.join(sorted(set(labels)))}" for commit, labels in by_commit) + ".")

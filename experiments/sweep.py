@@ -8,10 +8,12 @@ each, every variant runs `iters` timed iterations in turn, the order rotating fr
 that a slow moment of the host is shared out. Then each variant is profiled, and one record per variant
 is appended. What is recorded as final is skipped (unless forced), so an interrupted sweep resumes where
 it stopped, but a workload's variants are measured together, in one session, unless only failed or
-skipped ones are left to retry; `shard` splits the workload list across machines or calls, `claims` shares it out between sweeps running side by side; `budget_s`
-stops starting new workloads in time, and `deadline` (when the sweep will be stopped from outside, a
-device call's limit) passes over a workload that should take longer than the time left (records.durations),
-which would only be interrupted and lose its progress.
+skipped ones are left to retry, or it is measured in parts; `shard` splits the workload list across
+machines or calls, `claims` shares it out between sweeps running side by side; `budget_s` stops starting
+new workloads in time, and `deadline` (when the sweep will be stopped from outside, a device call's limit)
+passes over a workload that should take longer than the time left (records.durations), which would only be
+interrupted and lose its progress. A workload that should take longer than the sweep's whole time is
+measured in parts, each in a session of its own with the baseline, which the part's speedups divide by.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from tqdm import tqdm
 
 from experiments import environment, stats, workloads
 from experiments.bench import Round, Setup, Spec
-from experiments.records import Record, RecordStore, beyond_setups, durations, key
+from experiments.records import (FINAL_STATUSES, Record, RecordStore, beyond_setups, durations, key,
+                                 session_baselines)
 from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
 
@@ -161,6 +164,8 @@ class Sweep:
         whole = [t.seconds / t.variants for t in took.values() if t.of == "whole"]
         typical = stats.median(whole) if whole else None
         beyond = beyond_setups(recorded)
+        # the sessions whose records can be taken as a part of their workload's measurement: their baseline is final
+        anchored = {k for k, r in session_baselines(recorded, self.cfg.baseline).items() if r.status in FINAL_STATUSES}
         wall = time.time()
         for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
             # The first workload always runs, so that every call makes progress.
@@ -170,14 +175,7 @@ class Sweep:
             for run in range(self.cfg.runs):
                 keys = {v.name: key(entry.name, entry.mode, entry.batch, entry.size, v.name, run, self.cfg.tp)
                         for v in self.variants}
-                todo = [v for v in self.variants if keys[v.name] not in final]
-                # A workload's variants are compared within one session (one machine, interleaved rounds): one
-                # unmeasured, interrupted or measured again, or measurements from different sessions, and all are
-                # measured together. Variants that failed or were skipped are retried on their own.
-                sessions = {newest[k].session for k in keys.values() if k in final}
-                retried = [v for v in todo if keys[v.name] in newest and newest[keys[v.name]].status in RETRIED_ALONE]
-                if len(sessions) > 1 or len(retried) < len(todo):
-                    todo = list(self.variants)
+                todo = self._todo(entry, run, keys, final, newest, anchored)
                 if not todo:
                     log.info("%s run %d: already recorded", entry.name, run)
                     continue
@@ -192,14 +190,56 @@ class Sweep:
                     per_variant = max(per_variant or 0, typical or 0) or None
                 need = per_variant and per_variant * len(todo)
                 if need and self.deadline is not None and time.time() + need > self.deadline:
-                    log.warning("%s run %d: %d variants should take about %.0f s, %.0f s are left before the "
-                                "deadline: not started (%s)", entry.name, run, len(todo), need,
-                                self.deadline - time.time(),
-                                "rerun to resume" if wall + need <= self.deadline else
-                                "more than this sweep's whole time: it needs a later deadline")
-                elif self._claim(entry, run):
+                    # More than the sweep's whole time: measured in parts that each fit it, the next one now if
+                    # it fits what is left
+                    part = self._part(todo, per_variant, self.deadline - wall) if wall + need > self.deadline else None
+                    if part and time.time() + per_variant * len(part) <= self.deadline:
+                        log.info("%s run %d: %d variants should take about %.0f s, more than this sweep's %.0f s: "
+                                 "measured in parts, each with %s; this part: %s", entry.name, run, len(todo), need,
+                                 self.deadline - wall, self.cfg.baseline, ", ".join(v.name for v in part))
+                        todo = part
+                    else:
+                        log.warning("%s run %d: %d variants should take about %.0f s, %.0f s are left before the "
+                                    "deadline: not started (%s)", entry.name, run, len(todo), need,
+                                    self.deadline - time.time(),
+                                    "rerun to resume" if part or wall + need <= self.deadline else
+                                    "more than this sweep's whole time: it needs a later deadline")
+                        continue
+                if self._claim(entry, run):
                     self._measure(entry, run, todo)
         return self.store.path
+
+    def _todo(self, entry: Entry, run: int, keys: dict[str, tuple], final: set[tuple], newest: dict[tuple, Record],
+              anchored: set[tuple]) -> list[Variant]:
+        """The variants of one run of a workload to measure now. Variants are compared within one session (one
+        machine, interleaved rounds), so one unmeasured, interrupted or measured again, or final ones from
+        different sessions, and all are measured again together; but where every final one's session has a
+        final record of the baseline (a workload measured in parts), the rest are measured with the baseline
+        again, as the next part. Variants that failed or were skipped are retried on their own."""
+        todo = [v for v in self.variants if keys[v.name] not in final]
+        sessions = {newest[k].session for k in keys.values() if k in final}
+        retried = [v for v in todo if keys[v.name] in newest and newest[keys[v.name]].status in RETRIED_ALONE]
+        baseline = next((v for v in self.variants if v.name == self.cfg.baseline), None)
+        in_parts = baseline is not None and sessions and all(
+            (s, entry.name, entry.mode, entry.batch, entry.size, run, self.cfg.tp) in anchored for s in sessions)
+        if (in_parts or len(sessions) <= 1) and len(retried) == len(todo):
+            return todo
+        if in_parts:
+            return [baseline, *(v for v in todo if v is not baseline)]
+        return list(self.variants)
+
+    def _part(self, todo: list[Variant], per_variant: float, whole_s: float) -> list[Variant] | None:
+        """The next part of a workload whose `todo` takes longer than a sweep's `whole_s`: the baseline and the
+        last of the others, split evenly into as few parts as fit, so that the first ones in the config's order
+        (Fig 9's, pt2_cg and grace) are measured last, with the baseline whose record stays the newest; None
+        without the baseline among them, or where it and one other do not fit."""
+        baseline = next((v for v in todo if v.name == self.cfg.baseline), None)
+        others = [v for v in todo if v is not baseline]
+        each = int(whole_s // per_variant) - 1  # others a part can take beside the baseline
+        if baseline is None or each < 1 or not others:
+            return None
+        parts = -(-len(others) // each)
+        return [baseline, *others[len(others) - len(others) // parts:]]
 
     def _claim(self, entry: Entry, run: int) -> bool:
         """With `claims` (a folder shared by sweeps running side by side, one per GPU), take this workload

@@ -2,6 +2,7 @@ import dataclasses
 import math
 
 import pandas as pd
+import pytest
 
 from experiments import figures
 from experiments.records import KernelStats, Record
@@ -35,6 +36,17 @@ def test_speedups_divide_the_baseline_median_and_leave_missing_empty(tmp_path):
     assert list(table.index[:3]) == ["a eval b1", "b eval b1", "c eval b1"]
     for ext in ("pdf", "png"):
         assert (tmp_path / f"fig9.{ext}").stat().st_size > 0
+
+
+def test_each_variant_of_a_workload_measured_in_parts_is_divided_by_its_own_sessions_baseline():
+    parts = [dataclasses.replace(r, session="part 1") for r in (rec("a", "inductor", 4.0), rec("a", "cgct", 2.0))] + [
+        dataclasses.replace(r, session="part 2") for r in (rec("a", "inductor", 8.0), rec("a", "grace", 2.0))] + [
+        dataclasses.replace(rec("a", "pi", 1.0), session="a retry alone")]  # no baseline there: the newest one's
+    df = figures.frame(parts)
+    assert df.set_index("variant")["baseline_ms"].to_dict() == pytest.approx(
+        {"inductor": 8.0, "cgct": 4.0, "grace": 8.0, "pi": math.nan}, nan_ok=True)
+    table = figures.speedups(df, ["cgct", "grace", "pi"])
+    assert table.loc["a eval b1"].to_dict() == {"cgct": 2.0, "grace": 4.0, "pi": 8.0}
 
 
 def test_geomean_per_variant_when_no_workload_has_them_all():

@@ -4,7 +4,7 @@ import multiprocessing as mp
 
 from experiments import report
 from experiments.records import (TP_REVISED, HostStats, KernelStats, Numerics, Record, RecordStore, Took, beyond_setups,
-                                 current, durations)
+                                 current, durations, session_baselines)
 
 
 def make(variant="inductor", status="ok", run=0, **fields) -> Record:
@@ -172,3 +172,11 @@ def test_beyond_setups_is_the_most_a_measurement_with_started_workers_took_past_
                rec("b", "eager", 30.0, workload="eos"),  # 30 - 12
                rec("c", "eager", 900.0, status="interrupted", workload="xlnet")]  # not whole
     assert beyond_setups(records) == 20.0
+
+
+def test_session_baselines_are_each_sessions_newest_record_of_the_baseline_but_an_interrupted_one():
+    first, failed, later = make(), make(status="failed"), dataclasses.replace(make(), session="s2")
+    stopped = dataclasses.replace(make(status="interrupted"), session="s2")
+    k = ("mlp", "eval", 8, "tiny", 0, 1)
+    assert session_baselines([first, make("grace"), failed, later, stopped], "inductor") == {("s", *k): failed,
+                                                                                             ("s2", *k): later}

@@ -1,5 +1,6 @@
 import dataclasses
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -177,3 +178,12 @@ def test_summary_names_the_workloads_whose_variants_were_measured_in_different_s
     records = [dataclasses.replace(r, session="later") if (r.workload, r.variant) == ("b", "grace") else r for r in RECORDS]
     assert "compared across sessions (so across machines, and outside one interleaved run; a sweep measures " \
            "them again together): b eval b1." in report.summary(records)
+
+
+def test_summary_names_the_workloads_measured_in_parts_apart_from_those_compared_across_sessions():
+    parts = [dataclasses.replace(r, session="part 1") for r in (rec("b", "inductor", 8.0), rec("b", "cgct", 2.0))]
+    summary = report.summary(parts + RECORDS)  # the part of cgct first, then Fig 9's
+    assert "Variants from more than one session, each session with its own run of inductor" in summary
+    assert "or measured again by another experiment): b eval b1." in summary
+    assert "compared across sessions" not in summary
+    assert re.search(r"\| b eval b1\s+\|\s+9\s+\|\s+3\s+\|\s+1\s+\|\s+3\s+\|\s+9\s+\|", summary)  # Fig 9's session: the newest

@@ -1,6 +1,7 @@
 """End to end through the real Hydra config, on whatever machine runs the tests (tiny sizes)."""
 
 import dataclasses
+import logging
 import os
 from datetime import datetime, timedelta, timezone
 
@@ -151,6 +152,32 @@ def test_a_workload_measured_before_workload_s_is_estimated_from_its_setups_and_
                f"deadline={soon}")
         assert [r.workload for r in store.load()[len(kept + known):]] == (["mlp"] if known else [])
     assert caplog.text.count("mlp run 0: 1 variants should take about") == 1
+
+
+def test_a_workload_longer_than_the_sweeps_whole_time_is_measured_in_parts_each_with_the_baseline(make_cfg, caplog):
+    """VM's eight variants set up alone take about 1056 s, a lent GPU's call 600: each call measures a part,
+    with the baseline, the others of the config's order last (so that the first ones, Fig 9's, come in
+    the last part, with the baseline whose record stays the newest); the next sweep measures the rest with
+    the baseline again, and then nothing is left to do."""
+    caplog.set_level(logging.INFO, logger=sweep_module.__name__)
+    variants = ["variant=[eager]", "baseline=eager", "+variant.a.compile.backend=aot_eager",
+                "+variant.b.compile.backend=eager", "+variant.c.compile=null", "workload=[mlp]", "workload.mlp.size=tiny"]
+    store = _sweep(make_cfg, *variants).store
+    long_ago = [dataclasses.replace(r, session="long ago", workload_s=600.0, env={**r.env, "date": "2000-01-01T00:00"})
+                for r in store.load()]  # 150 s a variant: 600 s for the four, two parts in a sweep of under 600 s
+    store.path.unlink()
+    for r in long_ago:
+        store.append(r)
+    soon = (datetime.now(timezone.utc) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S")
+    _sweep(make_cfg, *variants, "force=2001-01-01", f"deadline={soon}")
+    first = store.load()[4:]
+    assert [r.variant for r in first] == ["eager", "c"] and {r.status for r in first} == {"ok"}
+    assert "measured in parts, each with eager; this part: eager, c" in caplog.text
+    _sweep(make_cfg, *variants, "force=2001-01-01", f"deadline={soon}")  # the part took seconds: the rest fits
+    second = store.load()[6:]
+    assert [r.variant for r in second] == ["eager", "a", "b"] and len({r.session for r in first + second}) == 2
+    _sweep(make_cfg, *variants, "force=2001-01-01")  # every session has its baseline: nothing left to do
+    assert len(store.load()) == 9
 
 
 def test_shards_split_the_workload_list(make_cfg):
