@@ -38,13 +38,20 @@ GEOMEAN = "geomean"
 ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date", "cpu"]
 
 
-def frame(records: Iterable[Record]) -> pd.DataFrame:
+def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.DataFrame:
     """One row per key: the latest record (records.latest; records are taken oldest first), with
-    `baseline_ms`, the median of the baseline measured in its session (empty where none was ok)."""
+    `baseline_ms`, the median of the baseline measured in its session (empty where none was ok). With
+    `baseline_beside` (a variant), the baseline's row is the one of that variant's session where it has an ok
+    one: a workload measured in parts has the baseline in each, and the newest may not be beside it."""
     records = list(records)
     anchors = session_baselines(records, BASELINE)
+    newest = latest(records)
+    for k, r in list(newest.items()):
+        anchor = anchors.get((r.session, r.workload, r.mode, r.batch, r.size, r.run, r.tp))
+        if r.variant == baseline_beside and anchor and anchor.status == "ok":
+            newest[anchor.key] = anchor
     rows = []
-    for r in latest(records).values():
+    for r in newest.values():
         k = r.kernels
         anchor = anchors.get((r.session, r.workload, r.mode, r.batch, r.size, r.run, r.tp))
         rows.append({

@@ -241,16 +241,20 @@ def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, Too
 def beyond_setups(records: Iterable[Record]) -> float | None:
     """Per variant, the most that a whole measurement whose workers started beside the reference (with
     start_s, since 2026-12-01) took beyond its setups' compile_s and warmup_s: the reference, starting,
-    building, checking, timing, profiling and closing (DLRM's: 8.2 s a variant at ba21fa4). Added to the
-    setups of a measurement from before workload_s, it makes an estimate of the whole; None without one."""
-    beyond = []
+    building, checking, timing, profiling and closing (DLRM's: 8.2 s a variant at ba21fa4; MTCG-I's 20.1
+    at 22533ea, a HuggingFace model built and checked in 15 s a variant). Only measurements of as many
+    variants as any count: a part of a workload (sweep.py) spreads the workload's own costs, its reference
+    first, over fewer (MTCG-T's first part of three: 32.2 s a variant). Added to the setups of a
+    measurement from before workload_s, it makes an estimate of the whole; None without one."""
+    beyond = []  # (variants, seconds per variant)
     for by_run in _runs(records).values():
         for run in by_run.values():
             elapsed = [r.workload_s for r in run if r.workload_s is not None]
             if elapsed and any(r.start_s is not None for r in run) and all(r.status != "interrupted" for r in run):
                 setups = sum(r.compile_s + (r.warmup_s or 0) for r in run if r.compile_s is not None)
-                beyond.append((max(elapsed) - setups) / len({r.variant for r in run}))
-    return max(beyond, default=None)
+                variants = len({r.variant for r in run})
+                beyond.append((variants, (max(elapsed) - setups) / variants))
+    return max(beyond, default=(0, None))[1]
 
 
 class RecordStore:

@@ -37,7 +37,7 @@ def shortfall(records: Iterable[Record]) -> pd.DataFrame:
     """Per workload, what stock CUDA graphs (pt2_cg) did: graphs per iteration, share of kernels in
     graphs, bytes copied into graph inputs, time against `inductor`, Dynamo's graph breaks and why (a
     frame Dynamo skipped runs eager), Inductor's reasons for skipping graphs."""
-    df = frame(records)
+    df = frame(records, baseline_beside="pt2_cg")
     cg, base = _ok(df, "pt2_cg"), _ok(df, BASELINE)["median_ms"]
     table = pd.DataFrame({
         "graphs/iter": cg["graphs"],
@@ -93,7 +93,7 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
     """The results section: per-workload latency, speedup over `inductor` and distance from the GPU
     floor (iteration time over GPU kernel time, same record); geomeans; the paper's benefit ratio;
     slowdowns; and the environment the numbers come from."""
-    df = frame(records)
+    df = frame(records, baseline_beside=variants[-1])  # the medians and floors of the baseline beside GraCE
     used = df[(df["status"] == "ok") & df["variant"].isin([BASELINE, *variants])]
     if used.empty:
         return "No GPU records yet.\n"

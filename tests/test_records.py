@@ -172,6 +172,8 @@ def test_beyond_setups_is_the_most_a_measurement_with_started_workers_took_past_
                rec("b", "eager", 30.0, workload="eos"),  # 30 - 12
                rec("c", "eager", 900.0, status="interrupted", workload="xlnet")]  # not whole
     assert beyond_setups(records) == 20.0
+    part = [rec("d", "eager", 100.0, workload="mt5")]  # a part of one variant of two: its reference's 88 s on it
+    assert beyond_setups(records + part) == 20.0
 
 
 def test_session_baselines_are_each_sessions_newest_record_of_the_baseline_but_an_interrupted_one():

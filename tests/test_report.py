@@ -187,3 +187,12 @@ def test_summary_names_the_workloads_measured_in_parts_apart_from_those_compared
     assert "or measured again by another experiment): b eval b1." in summary
     assert "compared across sessions" not in summary
     assert re.search(r"\| b eval b1\s+\|\s+9\s+\|\s+3\s+\|\s+1\s+\|\s+3\s+\|\s+9\s+\|", summary)  # Fig 9's session: the newest
+
+
+def test_summary_takes_the_baseline_measured_beside_grace_while_a_workload_is_between_parts():
+    """The baseline's newest record is of a part without Fig 9's variants: the table's inductor median,
+    and the within-3 % bar, are those of grace's session all the same."""
+    later = [dataclasses.replace(r, session="part 1") for r in (rec("b", "inductor", 90.0), rec("b", "cgct", 2.0))]
+    summary = report.summary(RECORDS + later)
+    assert re.search(r"\| b eval b1\s+\|\s+9\s+\|\s+3\s+\|\s+1\s+\|\s+3\s+\|\s+9\s+\|", summary)
+    assert "within 3 % of the faster of inductor and pt2_cg on 2 of 2 workloads" in summary
