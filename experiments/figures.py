@@ -26,7 +26,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from experiments import stats, workloads  # noqa: E402
-from experiments.records import Record, latest, session_baselines  # noqa: E402
+from experiments.records import Record, latest, session_baselines, session_key  # noqa: E402
 
 TP_EXPERIMENT = "tp"  # conf/experiment/tp.yaml: the records of Fig 11
 KEY = ["workload", "mode", "batch", "size", "variant", "run", "tp"]
@@ -44,20 +44,19 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
     `baseline_beside` (a variant), the baseline's row is the one of that variant's session where it has an ok
     one: a workload measured in parts has the baseline in each, and the newest may not be beside it."""
     records = list(records)
-    anchors = session_baselines(records, BASELINE)
+    anchors = {k: r for k, r in session_baselines(records, BASELINE).items() if r.status == "ok"}
     newest = latest(records)
-    for k, r in list(newest.items()):
-        anchor = anchors.get((r.session, r.workload, r.mode, r.batch, r.size, r.run, r.tp))
-        if r.variant == baseline_beside and anchor and anchor.status == "ok":
+    for r in list(newest.values()):
+        if r.variant == baseline_beside and (anchor := anchors.get(session_key(r.session, r.key))):
             newest[anchor.key] = anchor
     rows = []
     for r in newest.values():
         k = r.kernels
-        anchor = anchors.get((r.session, r.workload, r.mode, r.batch, r.size, r.run, r.tp))
+        anchor = anchors.get(session_key(r.session, r.key))
         rows.append({
             "workload": r.workload, "mode": r.mode, "batch": r.batch, "size": r.size, "variant": r.variant,
             "run": r.run, "tp": r.tp, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,
-            "baseline_ms": anchor.median_ms if anchor and anchor.status == "ok" else None,
+            "baseline_ms": anchor.median_ms if anchor else None,
             "round_ratios": r.round_ratios,
             "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,

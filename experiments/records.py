@@ -155,14 +155,19 @@ def latest(records: Iterable[Record]) -> dict[tuple, Record]:
     return newest
 
 
+def session_key(session: str, k: tuple) -> tuple:
+    """A record key (records.key) without its variant, in `session`: one run of a workload in one session."""
+    return (session, *k[:4], *k[5:])
+
+
 def session_baselines(records: Iterable[Record], baseline: str) -> dict[tuple, Record]:
-    """Per (session, workload, mode, batch, size, run, tp), the newest record of the `baseline` variant in that
-    session (an `interrupted` one passed over): what the session's other variants are compared with. A workload
-    measured in parts (sweep.py) has one per part."""
+    """Per session_key, the newest record of the `baseline` variant in that session (an `interrupted` one
+    passed over): what the session's other variants are compared with. A workload measured in parts
+    (sweep.py) has one per part."""
     newest = {}
     for r in records:  # oldest first
         if r.variant == baseline and r.status != "interrupted":
-            newest[(r.session, r.workload, r.mode, r.batch, r.size, r.run, r.tp)] = r
+            newest[session_key(r.session, r.key)] = r
     return newest
 
 

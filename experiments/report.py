@@ -141,15 +141,14 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
                      "measurement is taken\"); a sweep measures those again, in parts where a workload takes longer than "
                      "its deadline leaves (README, \"Running experiments\").")
     ok = df[(df["status"] == "ok") & (df["variant"] != "eager")]  # eager: in no figure (the smoke experiment's)
-    anchored = ok["baseline_ms"].notna().groupby(ok["label"]).all()  # each variant with its own session's baseline
-    parts = ok.groupby("label")["session"].nunique().loc[lambda n: n > 1]
-    if len(parts.index.intersection(anchored[anchored].index)):
+    anchored = ok["baseline_ms"].notna().groupby(ok["label"]).all().loc[lambda a: a].index  # each with its session's
+    parts = ok.groupby("label")["session"].nunique().loc[lambda n: n > 1].index.intersection(anchored)
+    if len(parts):
         lines.append(f"- Variants from more than one session, each session with its own run of {BASELINE}, which its "
                      "variants' speedups are taken against (a workload measured in parts, README, \"Running experiments\", "
-                     "or measured again by another experiment): "
-                     f"{', '.join(parts.index.intersection(anchored[anchored].index))}.")
+                     f"or measured again by another experiment): {', '.join(parts)}.")
     sessions = used.groupby("label")["session"].nunique()
-    across = sessions[sessions > 1].index.difference(anchored[anchored].index)
+    across = sessions[sessions > 1].index.difference(anchored)
     if len(across):
         lines.append("- Variants compared across sessions (so across machines, and outside one interleaved run; a sweep "
                      f"measures them again together): {', '.join(across)}.")

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from experiments import environment, stats, workloads
 from experiments.bench import Round, Setup, Spec
 from experiments.records import (FINAL_STATUSES, Record, RecordStore, beyond_setups, durations, key,
-                                 session_baselines)
+                                 session_baselines, session_key)
 from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
 
@@ -141,6 +141,7 @@ class Sweep:
             raise ConfigError(f"variant config: {e}") from None
         if not self.variants:
             raise ConfigError("no variant selected")
+        self.baseline = next((v for v in self.variants if v.name == cfg.baseline), None)  # the parts' anchor
         self.store = RecordStore(records_path(cfg, self.env))
         self._appended: set[str] = set()
         # per variant, of its last setup: the workers set up beside its own, its worker's start and its setup
@@ -219,13 +220,12 @@ class Sweep:
         todo = [v for v in self.variants if keys[v.name] not in final]
         sessions = {newest[k].session for k in keys.values() if k in final}
         retried = [v for v in todo if keys[v.name] in newest and newest[keys[v.name]].status in RETRIED_ALONE]
-        baseline = next((v for v in self.variants if v.name == self.cfg.baseline), None)
-        in_parts = baseline is not None and sessions and all(
-            (s, entry.name, entry.mode, entry.batch, entry.size, run, self.cfg.tp) in anchored for s in sessions)
+        in_parts = self.baseline is not None and sessions and all(
+            session_key(s, keys[self.baseline.name]) in anchored for s in sessions)
         if (in_parts or len(sessions) <= 1) and len(retried) == len(todo):
             return todo
         if in_parts:
-            return [baseline, *(v for v in todo if v is not baseline)]
+            return [self.baseline, *(v for v in todo if v is not self.baseline)]
         return list(self.variants)
 
     def _part(self, todo: list[Variant], per_variant: float, whole_s: float) -> list[Variant] | None:
@@ -233,13 +233,12 @@ class Sweep:
         last of the others, split evenly into as few parts as fit, so that the first ones in the config's order
         (Fig 9's, pt2_cg and grace) are measured last, with the baseline whose record stays the newest; None
         without the baseline among them, or where it and one other do not fit."""
-        baseline = next((v for v in todo if v.name == self.cfg.baseline), None)
-        others = [v for v in todo if v is not baseline]
+        others = [v for v in todo if v is not self.baseline]
         each = int(whole_s // per_variant) - 1  # others a part can take beside the baseline
-        if baseline is None or each < 1 or not others:
+        if self.baseline not in todo or each < 1 or not others:
             return None
         parts = -(-len(others) // each)
-        return [baseline, *others[len(others) - len(others) // parts:]]
+        return [self.baseline, *others[len(others) - len(others) // parts:]]
 
     def _claim(self, entry: Entry, run: int) -> bool:
         """With `claims` (a folder shared by sweeps running side by side, one per GPU), take this workload
