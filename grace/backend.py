@@ -51,6 +51,7 @@ class GraphReport:
     cgct: list[str] = dataclasses.field(default_factory=list)  # what each CGCT pass changed
     notes: list[str] = dataclasses.field(default_factory=list)  # compiled graphs without partitions, ...
     partitions: list[runtime.Stats] = dataclasses.field(default_factory=list)
+    fallbacks: list[str] = dataclasses.field(default_factory=list)  # safer settings taken after a failure, and why
 
 
 REPORTS: list[GraphReport] = []  # every graph the backend compiled in this process, in order
@@ -83,18 +84,54 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, **kwargs):
     return compiled
 
 
+def _compile(gm: torch.fx.GraphModule, example_inputs, report: GraphReport | None):
+    """Inductor's compile_fx, with GraCE's runtime around each partition (report given) or as stock Inductor
+    compiles it without CUDA graphs (None)."""
+    with adapter.aot_config():
+        if report is None:
+            return adapter.compile_fx(gm, example_inputs)
+        return adapter.compile_fx(gm, example_inputs, inner_compile=functools.partial(_inner_compile, report=report),
+                                  config_patches=adapter.partition_config_patches())
+
+
+def _fall_back(report: GraphReport, setting: str, e: Exception) -> None:
+    reason = f"{setting}: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    report.fallbacks.append(reason)
+    log.warning("grace: graph %d falls back to %s", report.graph, reason)
+
+
 def grace_backend(gm: torch.fx.GraphModule, example_inputs, options: Mapping[str, Any] | None = None,
                   mode: str | None = None):
-    """The Dynamo backend. `options` as in Options; `mode` is accepted and ignored (GraCE decides)."""
+    """The Dynamo backend. `options` as in Options; `mode` is accepted and ignored (GraCE decides).
+
+    A failure in a GraCE stage falls back to the next safer setting for the graph: without CGCT, then
+    without GraCE's runtime (Inductor as it compiles without CUDA graphs); only Inductor's own error on
+    the graph as Dynamo gave it reaches the caller."""
     opts = Options.parse(options)
     report = GraphReport(next(_ids), opts)
     REPORTS.append(report)
+    pristine, before = (cgct.copy_graph(gm), str(gm.graph)) if opts.cgct else (None, None)
     if opts.cgct:
-        report.cgct = cgct.apply(gm, example_inputs)
-    inner = functools.partial(_inner_compile, report=report)
-    with adapter.aot_config():
-        return adapter.compile_fx(gm, example_inputs, inner_compile=inner,
-                                  config_patches=adapter.partition_config_patches())
+        try:
+            report.cgct = cgct.apply(gm, example_inputs)
+        except Exception as e:  # a pass's own check undoes it; this is anything beyond that
+            cgct.restore_graph(gm, pristine)
+            _fall_back(report, "without CGCT (CGCT failed)", e)
+    changed = opts.cgct and str(gm.graph) != before
+    try:
+        return _compile(gm, example_inputs, report)
+    except Exception as e:
+        if changed:
+            cgct.restore_graph(gm, pristine)
+            _fall_back(report, "without CGCT (compiling the rewritten graph failed)", e)
+            report.cgct, report.partitions, report.notes = [], [], []
+            try:
+                return _compile(gm, example_inputs, report)
+            except Exception as e2:
+                e = e2
+        report.partitions, report.notes = [], []
+        _fall_back(report, "Inductor without GraCE's runtime (compiling with it failed)", e)
+    return _compile(gm, example_inputs, None)
 
 
 def reset() -> None:

@@ -42,21 +42,27 @@ def launch_cost_us(device: torch.device, launches: int) -> float:
 SPIN_CYCLES = 2_000_000  # about 1 ms at the H200's working clock, 6 ms at its idle 345 MHz
 
 
-def device_us(fn: Callable[[], object], replays: int = 3) -> float:
-    """GPU time of one call of `fn` (a graph replay: its kernels back to back): `replays` calls between two
-    CUDA events, queued behind a spinning kernel, so that the GPU runs them back to back at its working
-    clock rather than waiting for the host's launches from idle (timed alone from idle, replays on the
-    H200 read up to 20x their back-to-back time). After one untimed call (a fresh graph's first replay
-    uploads it)."""
+def device_us(fn: Callable[[], object], replays: int = 3, before: Callable[[], None] | None = None) -> float:
+    """GPU time of one call of `fn` (a graph replay), each of `replays` calls between two CUDA events, all
+    queued behind a spinning kernel, so that the GPU runs them at its working clock rather than waiting
+    for the host's launches from idle (timed alone from idle, replays on the H200 read up to 20x their
+    back-to-back time). `before` runs ahead of every call, untimed (it puts back what a call writes).
+    After one untimed call (a fresh graph's first replay uploads it)."""
+    if before is not None:
+        before()
     fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     adapter.gpu_spin(SPIN_CYCLES)
-    start.record()
+    events = []
     for _ in range(replays):
+        if before is not None:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
+        end.record()
+        events.append((start, end))
+    events[-1][1].synchronize()
+    return sum(s.elapsed_time(e) for s, e in events) * 1e3 / replays
 
 
 @functools.cache

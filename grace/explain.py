@@ -83,6 +83,7 @@ class Explanation:
             "scg": self.scg_decisions(),
             "cgct": [note for g in self.graphs for note in g.cgct],
             "notes": [note for g in self.graphs for note in g.notes],
+            "fallbacks": [f"graph {g.graph}: {f}" for g in self.graphs for f in g.fallbacks],
         }
 
     def __str__(self) -> str:
@@ -91,6 +92,7 @@ class Explanation:
             cgct = "; ".join(g.cgct) or "nothing to change" if g.options.cgct else "off"
             lines.append(f"graph {g.graph}: cgct: {cgct}")
             lines += [f"  {note}" for note in g.notes]
+            lines += [f"  fell back to {f}" for f in g.fallbacks]
         df = self.partitions()
         lines.append(df.to_string(index=False) if len(df) else "no CUDA-graph partitions")
         if self.kernels:

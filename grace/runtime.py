@@ -210,6 +210,13 @@ def _passed_through(outputs, args: list, inputs: list[int]) -> list[tuple[int, i
     return found
 
 
+def _may_write(args: list, static: frozenset[int], mutated) -> list[torch.Tensor]:
+    """The tensor inputs one run of a partition may write: those Inductor says it mutates, and any that is
+    not a parameter or buffer (Inductor may compute in place into an intermediate another partition made).
+    A partition run again for one call (PI's check, SCG's timings) starts from them as they were."""
+    return [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and (i in mutated or i not in static)]
+
+
 def _narrow(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     """`t` with one element along each of `dims`: for an expanded tensor, the part that holds data."""
     if not dims:
@@ -220,7 +227,7 @@ def _narrow(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
 class _Recording:
     def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int], mutated: list[int],
                  fresh_outputs: bool = False, static: frozenset[int] = frozenset()):
-        self.in_place, self.copied = in_place, copied
+        self.in_place, self.copied, self.static = in_place, copied, static
         self.ptrs = [args[i].data_ptr() if i in in_place else None for i in range(len(args))]
         # the first in-place input's address: a cheap first test of which recording a call is for (the
         # layers that share a graph have a recording each; only one has this layer's first weight)
@@ -391,13 +398,21 @@ class _Recording:
         reasons += [f"PI: input {i}: {why}" for i, why in indirection.reasons.items()]
         if not indirection.inputs:
             return reasons
-        snapshot = Snapshot([args[i] for i in self.mutated])
+        snapshot = Snapshot(_may_write(args, self.static, self.mutated))
+        try:
+            return reasons + self._check(args, indirection, snapshot)
+        finally:
+            snapshot.restore()
+
+    def _check(self, args: list, indirection: pi.Indirection, snapshot: Snapshot) -> list[str]:
+        """PI's check (see indirect); every replay starts from the inputs and placeholders as this call has them."""
         self._copy(args)
         self._replay()
         reference = [t.clone() for t in self.tensors]
         snapshot.restore()
         # A graph may differ from itself from replay to replay (atomic adds in backward kernels sum in
         # any order): a second replay on the same copies measures by how much.
+        self._copy(args)
         self._replay()
         jitter = [_difference(t, r) for t, r in zip(self.tensors, reference)]
         snapshot.restore()
@@ -417,7 +432,6 @@ class _Recording:
         self._point(check_args)
         self._replay()
         off = [_difference(t, r) for t, r in zip(self.tensors, reference)]
-        snapshot.restore()
         # (an output that differs between the two replays other than in floating-point values, j = inf,
         # vouches for nothing: it must then come out bitwise equal)
         bad = [(o, j) for o, j in zip(off, jitter) if o > JITTER_FACTOR * j or (o and math.isinf(j))]
@@ -425,11 +439,11 @@ class _Recording:
             self._to_placeholders()
             self.indirection = None
             o, j = max(bad)
-            return reasons + [f"PI: the graph reading inputs in place disagreed with the graph on copies (an "
-                              f"output off by {o:.3g}; two replays on copies differ by {j:.3g})"]
+            return [f"PI: the graph reading inputs in place disagreed with the graph on copies (an "
+                    f"output off by {o:.3g}; two replays on copies differ by {j:.3g})"]
         if any(c is not a for c, a in zip(check_args, args)):
             self._point(args)  # off the check's copies, which are freed now, onto this call's inputs
-        return reasons
+        return []
 
     def replay(self, args: list) -> Any:
         if self.indirection is not None and self.use_pi:
@@ -536,9 +550,12 @@ class PartitionGraph:
             return "an input mutated in place is not 16-byte aligned"
         if any(adapter.has_internal_overlap(_narrow(args[i], _expanded_dims(args[i]))) for i in copied):
             return "an input has overlapping memory other than expanded dims: it cannot get a placeholder"
+        def record() -> _Recording:
+            return _Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated),
+                              fresh_outputs=self.stats.backward, static=self.partition.static)
+
         try:
-            recording = _Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated),
-                                   fresh_outputs=self.stats.backward, static=self.partition.static)
+            recording = record()
         except Exception as e:  # capture failed (a synchronising op, say): never the user's problem
             return f"capture failed: {_error(e)}"
         s = self.stats
@@ -548,9 +565,16 @@ class PartitionGraph:
         if self.indirect and copied:
             try:
                 s.pi_reasons = recording.indirect(args)
-            except Exception as e:  # a driver call PI makes failed: without a graph, as stock would fall back
+            except Exception as e:  # PI's patching or check failed: the next safer setting, copies, from now on
                 recording.drop()
-                return f"PI failed: {_error(e)}"
+                self.indirect = False
+                log.warning("grace: graph %d partition %d: PI failed, its inputs are copied instead: %s",
+                            s.graph, s.partition, _error(e))
+                s.pi_reasons = [f"PI failed, inputs copied instead: {_error(e)}"]
+                try:
+                    recording = record()
+                except Exception as e:
+                    return f"capture failed: {_error(e)}"
         s.in_place_inputs, s.copied_inputs, s.pi_inputs = len(in_place), len(copied), len(recording.served)
         s.moving_inputs = len(moving & set(copied))
         s.copy_bytes_per_replay = recording.copy_bytes
@@ -559,9 +583,12 @@ class PartitionGraph:
     def _costs(self, recording: _Recording, device: torch.device, args: list, snapshot: Snapshot) -> scg.Costs | None:
         if recording.nodes is None or device.type != "cuda":
             return None  # nothing to predict from: measure
-        if recording.copied:  # placeholders hold this call's inputs (never garbage: indices read as such)
-            recording._copy(args)
-        gpu_us = calibrate.device_us(recording._replay)  # the graph's kernels alone
+        def before() -> None:  # each replay from this call's state (placeholders never garbage: indices read as such)
+            snapshot.restore()
+            if recording.copied:
+                recording._copy(args)
+
+        gpu_us = calibrate.device_us(recording._replay, before=before)  # the graph's kernels alone
         snapshot.restore()
         return scg.Costs(recording.nodes["kernel"], calibrate.launch_us(device), calibrate.replay_us(device),
                          _nbytes(recording.fills), calibrate.copy_bytes_per_us(device), len(recording.fills),
@@ -572,20 +599,36 @@ class PartitionGraph:
         recording, decided on this call's inputs (grace.scg). Whether to keep the graph."""
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or _current_device()
 
+        # Every run starts from this call's state: a run that wrote an input (an intermediate Inductor
+        # computes into in place, a cache) must not hand the next one state the call never sees.
+        snapshot = Snapshot(_may_write(args, self.partition.static, self.partition.mutated))
+
         def graph(pi: bool) -> Callable[[], object]:
             def run():
+                snapshot.restore()
                 recording.set_pi(pi)
                 return recording.replay(list(args))
             return run
 
-        runs = {"graph": graph(False), "eager": lambda: self.fn(list(args))}
+        def eager():
+            snapshot.restore()
+            return self.fn(list(args))
+
+        runs = {"graph": graph(False), "eager": eager}
         if recording.indirection is not None:
             runs["graph_pi"] = graph(True)
-        snapshot = Snapshot([args[i] for i in sorted(self.partition.mutated)])
         across = scg.slowest_rank(self.group) if self.group is not None else None
-        decision = scg.decide(self._costs(recording, device, args, snapshot), runs, timer, snapshot, across)
-        recording.set_pi(decision.choice == "graph_pi")
         s = self.stats
+        try:
+            decision = scg.decide(self._costs(recording, device, args, snapshot), runs, timer, snapshot, across)
+        except Exception as e:  # SCG's costs or timings failed: the next safer setting, the graph on copies
+            if across is not None:
+                raise  # the ranks must take one step together: a rank that went its own way would hang them
+            snapshot.restore()
+            log.warning("grace: graph %d partition %d: SCG failed, the graph is kept: %s", s.graph, s.partition,
+                        _error(e))
+            decision = scg.Decision("graph", {}, error=f"SCG failed, graph kept: {_error(e)}")
+        recording.set_pi(decision.choice == "graph_pi")
         s.scg = decision.as_dict()
         s.pi_inputs, s.copy_bytes_per_replay = len(recording.served), recording.copy_bytes
         if decision.choice == "eager":
@@ -613,6 +656,17 @@ class PartitionGraph:
         return here
 
     def __call__(self, args: list) -> Any:
+        try:
+            return self._call(args)
+        except Exception as e:
+            if not args or self.stats.status == "eager":
+                raise  # the partition itself raised, or its replay had begun: not GraCE's to hide
+            # GraCE's own step failed (recording, PI, SCG): the next safer setting, the partition as compiled
+            log.warning("grace: graph %d partition %d runs without a CUDA graph after an error in GraCE's runtime: %s",
+                        self.stats.graph, self.stats.partition, _error(e))
+            return self._eager(args, f"GraCE runtime error: {_error(e)}", final=True)
+
+    def _call(self, args: list) -> Any:
         self.calls += 1
         if self.stats.status == "eager":
             return self._eager(args)

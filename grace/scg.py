@@ -80,6 +80,7 @@ class Decision:
     measured_us: dict[str, float] | None = None  # per candidate (its fastest round), when the prediction was not clear
     rounds_us: dict[str, list[float]] | None = None  # per candidate, every round
     costs: Costs | None = None
+    error: str | None = None  # why SCG could not decide (the graph is then kept)
 
     @property
     def predicted_choice(self) -> str | None:
@@ -100,7 +101,8 @@ class Decision:
 
     def as_dict(self) -> dict:
         return {"choice": self.choice, "predicted_us": self.predicted_us, "measured_us": self.measured_us,
-                "rounds_us": self.rounds_us, "agreed": self.agreed, "tied": self.tied, "costs": dataclasses.asdict(self.costs) if self.costs else None}
+                "rounds_us": self.rounds_us, "agreed": self.agreed, "tied": self.tied,
+                "costs": dataclasses.asdict(self.costs) if self.costs else None, "error": self.error}
 
 
 def predict(c: Costs) -> dict[str, float]:

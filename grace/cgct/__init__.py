@@ -37,6 +37,25 @@ def _signature(gm: fx.GraphModule) -> list:
             for v in torch.utils._pytree.tree_leaves(fx.node.map_arg(out.args, lambda n: n.meta.get("val")))]
 
 
+def copy_graph(gm: fx.GraphModule) -> fx.Graph:
+    """A copy of gm's graph to go back to (restore_graph)."""
+    return copy.deepcopy(gm.graph)
+
+
+def restore_graph(gm: fx.GraphModule, saved: fx.Graph) -> None:
+    """Put `saved` (copy_graph) back as gm's graph. Dynamo hangs attributes on its nodes that a copy
+    lacks (a placeholder's `_dynamo_source`, which AOTAutograd asserts): each comes back from the node
+    of the same name."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    gm.graph = copy.deepcopy(saved)
+    for node in gm.graph.nodes:
+        if (original := nodes.get(node.name)) is not None:
+            for attribute, value in vars(original).items():
+                if attribute not in vars(node):
+                    setattr(node, attribute, value)
+    gm.recompile()
+
+
 def apply(gm: fx.GraphModule, example_inputs, device: torch.device | None = None) -> list[str]:
     """Run every pass on `gm` in place; the notes say what each changed, or why it was undone."""
     device = device or compute_device(example_inputs)
@@ -49,7 +68,7 @@ def apply(gm: fx.GraphModule, example_inputs, device: torch.device | None = None
     expected = _signature(gm)
     notes = []
     for name, transform in PASSES.items():
-        saved = copy.deepcopy(gm.graph)
+        saved = copy_graph(gm)
         try:
             changed = transform(gm, device)
             if not changed:
@@ -60,8 +79,7 @@ def apply(gm: fx.GraphModule, example_inputs, device: torch.device | None = None
                 raise ValueError("an output would change device, dtype or shape")
             notes.append(f"{name}: {changed}")
         except Exception as e:  # undo: the graph compiles as it came
-            gm.graph = saved
-            gm.recompile()
+            restore_graph(gm, saved)
             notes.append(f"{name}: undone ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
             log.info("grace: CGCT pass %s undone: %s", name, e)
     return notes
