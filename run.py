@@ -1,7 +1,8 @@
 """Run an experiment of the reproduction harness.
 
-    python run.py experiment=smoke                       # the main job
-    python run.py -m 'workload=resnet18,mlp' 'variant=inductor,pt2_cg'   # a Hydra multirun sweep
+    python run.py experiment=smoke                                   # the main job
+    python run.py -m experiment=full 'workload=ALNET,DLRM,EOS'       # a Hydra multirun: one job per workload
+    python run.py -m experiment=full hydra/launcher=joblib gpus=4    # ... four side by side, one GPU each
 
 Records are appended to results/<experiment_name>/<device>/records.jsonl; see conf/config.yaml.
 """
@@ -16,11 +17,22 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from experiments import figures
-from experiments.sweep import ConfigError, Sweep
+from experiments import config  # noqa: F401  (registers the config's schema)
 
 log = logging.getLogger("run")
 CONF = Path(__file__).resolve().parent / "conf"
+
+
+def _models(group: str) -> dict[str, list[str]]:
+    """Model ids (a workload's `name`) -> the conf/workload/ entries that run it."""
+    if group != "workload":
+        return {}
+    models: dict[str, list[str]] = {}
+    for path in sorted((CONF / group).glob("*.yaml")):
+        found = re.search(r"^\s+name:\s*(\S+)", path.read_text(), re.M)
+        if found:
+            models.setdefault(found.group(1), []).append(path.stem)
+    return models
 
 
 def unknown_choice(args: list[str]) -> str | None:
@@ -38,18 +50,28 @@ def unknown_choice(args: list[str]) -> str | None:
         known = sorted(p.stem for p in (CONF / o.key_or_group).glob("*.yaml"))
         for name in re.findall(r"[^\[\],\s]+", text):
             if name not in known:
-                return f"error: unknown {o.key_or_group} {name!r} (known: {', '.join(known)})"
+                runs = _models(o.key_or_group).get(name)
+                hint = f" (the model of {', '.join(runs)}: use that)" if runs else f" (known: {', '.join(known)})"
+                return f"error: unknown {o.key_or_group} {name!r}{hint}"
     return None
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    try:
-        sweep = Sweep(cfg)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    path = sweep.run()
+    from experiments import figures, gpus  # heavy (torch, pandas): after the config is known to be good
+    from experiments.sweep import ConfigError, Sweep
+
+    with gpus.one_of(cfg.gpus):
+        try:
+            sweep = Sweep(cfg)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        try:
+            path = sweep.run()
+        except KeyboardInterrupt:
+            print(f"interrupted: the records so far are in {sweep.store.path.resolve()}", file=sys.stderr)
+            sys.exit(130)
     log.info("records: %s", path.resolve())
     if cfg.figure:
         out = figures.speedup_figure(sweep.store.load(), path.parent)

@@ -1,8 +1,8 @@
 """Result records: one JSON line per (workload, variant, run), appended atomically.
 
-A record is final when its status is `ok` or `mismatch` (a measurement was made); a rerun skips final
-records unless forced (all of them, or those made before a date). `failed`, `skipped` and `interrupted` records
-are kept as history and retried. Readers take the latest record per key, passing over an `interrupted`
+A record is final when its status is `ok` or `mismatch` (a measurement was made); a rerun leaves a
+workload whose variants are all final, or skipped for want of what this machine lacks, unless forced.
+`failed` and `interrupted` records are kept as history, and their workload measured again. Readers take the latest record per key, passing over an `interrupted`
 one where an earlier record exists.
 """
 
@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ class Record:
     p75_ms: float | None = None
     baseline: str | None = None  # variant that round_ratios divide by, when it ran in the same session
     round_ratios: list[float] | None = None  # per round: median(this) / median(baseline)
+    speedup: float | None = None  # median(baseline) / median(this), both of this session
+    speedup_ci: list[float] | None = None  # its 95 % interval, a paired bootstrap over the rounds (stats.speedup_interval)
     launch_us: list[float] = field(default_factory=list)  # host cost of one tiny launch, per round
     sm_clock_mhz: list[float | None] = field(default_factory=list)  # SM clock after each round
     kernels: KernelStats | None = None
@@ -162,8 +164,7 @@ def session_key(session: str, k: tuple) -> tuple:
 
 def session_baselines(records: Iterable[Record], baseline: str) -> dict[tuple, Record]:
     """Per session_key, the newest record of the `baseline` variant in that session (an `interrupted` one
-    passed over): what the session's other variants are compared with. A workload measured in parts
-    (sweep.py) has one per part."""
+    passed over): what the session's other variants are compared with."""
     newest = {}
     for r in records:  # oldest first
         if r.variant == baseline and r.status != "interrupted":
@@ -187,79 +188,6 @@ def current(records: Iterable[Record], revised: Mapping[str, str]) -> list[Recor
     """The records made since their workload's last revision (`revised`: name -> UTC date) and, at tp > 1,
     since TP_REVISED."""
     return [r for r in records if r.env.get("date", "") >= valid_since(r, revised)]
-
-
-def _took(run: list[Record], alone: bool) -> float | None:
-    """How long measuring one run of a workload took: its longest workload_s (records from before that
-    field: its setups, compile_s + warmup_s, as a lower bound). With `alone`, as if every variant had been
-    set up alone: the setups made beside each other then come one after another, so every one but the
-    longest (which the parallel setup waited for) is added."""
-    setups = {r.variant: (r.compile_s + (r.warmup_s or 0), r.set_up_alone) for r in run if r.compile_s is not None}
-    on_own = [t for t, set_up_alone in setups.values() if set_up_alone]
-    beside = [t for t, set_up_alone in setups.values() if not set_up_alone]
-    elapsed = [r.workload_s for r in run if r.workload_s is not None]
-    took = max(elapsed) if elapsed else sum(on_own) + max(beside, default=0)
-    if alone and beside:
-        took += sum(beside) - max(beside)
-    return took or None
-
-
-class Took(NamedTuple):
-    seconds: float
-    variants: int
-    of: str = "whole"  # what `seconds` counts: a "whole" measurement, or lower bounds: one "interrupted", or
-    # the "setups" (compile_s + warmup_s) of one from before workload_s
-
-
-def _runs(records: Iterable[Record]) -> dict[tuple, dict[tuple, list[Record]]]:
-    """Per workload selection (workload, mode, batch, size, tp), its runs' records by (session, run),
-    oldest first."""
-    runs: dict[tuple, dict[tuple, list[Record]]] = {}
-    for r in records:  # oldest first
-        runs.setdefault((r.workload, r.mode, r.batch, r.size, r.tp), {}).setdefault((r.session, r.run), []).append(r)
-    return runs
-
-
-def durations(records: Iterable[Record], alone: bool = False) -> dict[tuple, Took]:
-    """Per workload selection (workload, mode, batch, size, tp), how long its newest measurement took
-    (see _took; `alone`: for a sweep that sets up one variant at a time) and how many variants it
-    measured. A newest one that was interrupted ran at least as long as it did before it was stopped,
-    and no shorter than the newest whole one: what it measured is unknown, so all of the whole one's.
-    Without a whole one, the longest interrupted one is a lower bound, as is a whole one from before
-    workload_s (its setups: DR-I's came to 38 s, and it was stopped after 213 s unfinished)."""
-    took = {}
-    for k, by_run in _runs(records).items():
-        newest = None
-        for run in by_run.values():  # oldest first
-            t, variants = _took(run, alone), len({r.variant for r in run})
-            if t is None:
-                continue
-            if all(r.status == "interrupted" for r in run):
-                newest = newest._replace(seconds=max(t, newest.seconds)) if newest else Took(t, variants, "interrupted")
-            else:
-                newest = Took(t, variants, "setups" if all(r.workload_s is None for r in run) else "whole")
-        if newest:
-            took[k] = newest
-    return took
-
-
-def beyond_setups(records: Iterable[Record]) -> float | None:
-    """Per variant, the most that a whole measurement whose workers started beside the reference (with
-    start_s, since 2026-12-01) took beyond its setups' compile_s and warmup_s: the reference, starting,
-    building, checking, timing, profiling and closing (DLRM's: 8.2 s a variant at ba21fa4; MTCG-I's 20.1
-    at 22533ea, a HuggingFace model built and checked in 15 s a variant). Only measurements of as many
-    variants as any count: a part of a workload (sweep.py) spreads the workload's own costs, its reference
-    first, over fewer (MTCG-T's first part of three: 32.2 s a variant). Added to the setups of a
-    measurement from before workload_s, it makes an estimate of the whole; None without one."""
-    beyond = []  # (variants, seconds per variant)
-    for by_run in _runs(records).values():
-        for run in by_run.values():
-            elapsed = [r.workload_s for r in run if r.workload_s is not None]
-            if elapsed and any(r.start_s is not None for r in run) and all(r.status != "interrupted" for r in run):
-                setups = sum(r.compile_s + (r.warmup_s or 0) for r in run if r.compile_s is not None)
-                variants = len({r.variant for r in run})
-                beyond.append((variants, (max(elapsed) - setups) / variants))
-    return max(beyond, default=(0, None))[1]
 
 
 class RecordStore:
@@ -296,12 +224,12 @@ class RecordStore:
     def latest(self) -> dict[tuple, Record]:
         return latest(self.load())
 
-    def final_keys(self, made_before: str | None = None, revised: Mapping[str, str] | None = None,
-                   alone: bool = False) -> set[tuple]:
-        """Keys measured already; with `made_before` (an ISO date, UTC), only those measured since then;
-        of a workload in `revised` (name -> date of its revision), and at tp > 1, only those measured
-        since valid_since; with `alone`, only those set up with the GPU to themselves (Record.set_up_alone)."""
+    def final_keys(self, revised: Mapping[str, str] | None = None, alone: bool = False) -> set[tuple]:
+        """Keys a rerun leaves alone: measured (ok, mismatch) or skipped (the machine lacks what the variant
+        needs: the records are per device); of a workload in `revised` (name -> date of its revision), and
+        at tp > 1, only those recorded since valid_since; with `alone`, only measurements set up with the
+        GPU to themselves (Record.set_up_alone)."""
         revised = revised or {}
-        return {k for k, r in self.latest().items() if r.status in FINAL_STATUSES
-                and r.env.get("date", "") >= max(made_before or "", valid_since(r, revised))
-                and (r.set_up_alone or not alone)}
+        return {k for k, r in self.latest().items()
+                if (r.status == "skipped" or r.status in FINAL_STATUSES and (r.set_up_alone or not alone))
+                and r.env.get("date", "") >= valid_since(r, revised)}

@@ -10,6 +10,11 @@ import math
 import statistics
 from collections.abc import Sequence
 
+import numpy as np
+
+CONFIDENCE = 0.95
+BOOTSTRAP = 2000  # resamples of the rounds
+
 
 def median(xs: Sequence[float]) -> float:
     if not xs:
@@ -46,3 +51,24 @@ def geomean(xs: Sequence[float]) -> float:
     if not xs or any(x <= 0 for x in xs):
         raise ValueError(f"geomean needs positive values, got {list(xs)}")
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def speedup_interval(baseline_rounds: Sequence[Sequence[float]], variant_rounds: Sequence[Sequence[float]],
+                     seed: int = 0) -> tuple[float, list[float]]:
+    """median(baseline) / median(variant) over all timed iterations, and its 95 % interval from a paired
+    bootstrap over the rounds (a round of each ran back to back, so a round is resampled whole, both
+    sides together, keeping what the host's drift did to both)."""
+    if len(baseline_rounds) != len(variant_rounds):
+        raise ValueError(f"{len(variant_rounds)} rounds against {len(baseline_rounds)} baseline rounds")
+    b, v = (np.asarray(r, dtype=float) for r in (baseline_rounds, variant_rounds))  # rounds x iterations
+    picks = np.random.default_rng(seed).integers(0, len(b), size=(BOOTSTRAP, len(b)))
+    ratios = np.median(b[picks].reshape(BOOTSTRAP, -1), axis=1) / np.median(v[picks].reshape(BOOTSTRAP, -1), axis=1)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    return float(np.median(b) / np.median(v)), [float(x) for x in np.percentile(ratios, [tail, 100 - tail])]
+
+
+def verdict(interval: Sequence[float] | None) -> str:
+    """win (the speedup's interval lies above 1), loss (below 1), or within noise."""
+    if not interval:
+        return "unknown"
+    return "win" if interval[0] > 1 else "loss" if interval[1] < 1 else "within noise"

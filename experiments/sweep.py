@@ -1,19 +1,15 @@
-"""Run an experiment: every selected workload against every selected variant, interleaved, recorded.
+"""Run an experiment: each selected workload, with all its selected variants, in one session of its own.
 
-Per workload, a worker of its own first takes the numerics reference (the first step in eager, in the
-compute dtype and in float64, written to a file); each variant to measure gets its own worker process,
-started beside the reference's, and once that is done they are set up one at a time, so that compile
-latencies do not overlap; each setup checks its steps against the reference. Then `rounds` rounds: in
-each, every variant runs `iters` timed iterations in turn, the order rotating from round to round, so
-that a slow moment of the host is shared out. Then each variant is profiled, and one record per variant
-is appended. What is recorded as final is skipped (unless forced), so an interrupted sweep resumes where
-it stopped, but a workload's variants are measured together, in one session, unless only failed or
-skipped ones are left to retry, or it is measured in parts; `shard` splits the workload list across
-machines or calls, `claims` shares it out between sweeps running side by side; `budget_s` stops starting
-new workloads in time, and `deadline` (when the sweep will be stopped from outside, a device call's limit)
-passes over a workload that should take longer than the time left (records.durations), which would only be
-interrupted and lose its progress. A workload that should take longer than the sweep's whole time is
-measured in parts, each in a session of its own with the baseline, which the part's speedups divide by.
+A session: a worker of its own takes the numerics reference (the first steps in eager, in the compute
+dtype and in float64); each variant gets its own worker process, started beside the reference's, and
+they are set up one at a time, so that compile latencies do not overlap; each setup checks its steps
+against the reference. With `aa_control`, the baseline is set up twice (`<baseline>_aa`): the ratio of
+the two is the session's noise. Then `rounds` short rounds: in each, every variant runs `iters` timed
+iterations in turn, the order rotating, so that drift hits every variant alike. Then each is profiled,
+and one record per variant is appended, with its speedup over the session's baseline and a 95 %
+interval from the rounds. A workload whose selected variants all have final records is passed over
+(unless forced), so a rerun resumes; one with any left is measured again whole. Running workloads
+side by side, on several GPUs or nodes, is Hydra's: a multirun with a launcher (conf/hydra/launcher/).
 """
 
 from __future__ import annotations
@@ -26,7 +22,6 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +31,12 @@ from tqdm import tqdm
 
 from experiments import environment, stats, workloads
 from experiments.bench import Round, Setup, Spec
-from experiments.records import (FINAL_STATUSES, Record, RecordStore, beyond_setups, durations, key,
-                                 session_baselines, session_key)
+from experiments.records import Record, RecordStore, key
 from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
 
 log = logging.getLogger(__name__)
-RETRIED_ALONE = frozenset({"failed", "skipped"})  # statuses whose variants a sweep retries without the others
+AA_SUFFIX = "_aa"  # the A/A control: the baseline measured by a second worker, named <baseline>_aa
 
 
 class ConfigError(ValueError):
@@ -76,28 +70,6 @@ def _entries(workload_cfg: Mapping[str, Any], size: str | None) -> list[Entry]:
 
 def _out_of_memory(error: str) -> bool:
     return any(s in error for s in ("OutOfMemoryError", "out of memory", "ALLOC_FAILED"))
-
-
-def _shard(entries: list[Entry], shard: str | None) -> list[Entry]:
-    if shard is None:
-        return entries
-    try:
-        i, n = (int(x) for x in str(shard).split("/"))
-        if not 0 <= i < n:
-            raise ValueError
-    except ValueError:
-        raise ConfigError(f"shard must be 'i/n' with 0 <= i < n, got {shard!r}") from None
-    return entries[i::n]
-
-
-def _deadline(value: Any) -> float | None:
-    """`deadline` (a UTC time, ISO: 2026-11-30T18:40:00) as seconds since the epoch."""
-    if value is None:
-        return None
-    try:
-        return datetime.fromisoformat(str(value)).replace(tzinfo=timezone.utc).timestamp()
-    except ValueError:
-        raise ConfigError(f"deadline must be a UTC time such as 2026-11-30T18:40:00, got {value!r}") from None
 
 
 def _rank_medians(rounds: list[Round]) -> list[float] | None:
@@ -134,126 +106,37 @@ class Sweep:
         self.cfg = cfg
         self.measure = cfg.measure
         self.env = environment.current()
-        self.entries = _shard(_entries(OmegaConf.to_container(cfg.workload), cfg.size), cfg.shard)
+        self.entries = _entries(OmegaConf.to_container(cfg.workload), cfg.size)
         try:
             self.variants = [Variant.from_config(n, OmegaConf.to_container(v)) for n, v in cfg.variant.items()]
         except (TypeError, ValueError) as e:
             raise ConfigError(f"variant config: {e}") from None
         if not self.variants:
             raise ConfigError("no variant selected")
-        self.baseline = next((v for v in self.variants if v.name == cfg.baseline), None)  # the parts' anchor
+        baseline = next((v for v in self.variants if v.name == cfg.baseline), None)
+        if cfg.aa_control and baseline is not None:
+            self.variants.append(replace(baseline, name=baseline.name + AA_SUFFIX,
+                                         description=f"A/A control: {baseline.name} in a second worker"))
         self.store = RecordStore(records_path(cfg, self.env))
         self._appended: set[str] = set()
         # per variant, of its last setup: the workers set up beside its own, its worker's start and its setup
         # in seconds (Record.start_s, Record.setup_s)
         self._setups: dict[str, tuple[int, float, float]] = {}
         self._started: float | None = None  # when the workload being measured started (time.monotonic)
-        self.deadline = _deadline(cfg.deadline)
         self.session = uuid.uuid4().hex[:12]
 
     def run(self) -> Path:
-        start = time.monotonic()
-        force = self.cfg.force
         revised = workloads.revisions(e.name for e in self.entries)  # records before these measured another program
-        # A sweep that sets up one variant at a time measures again what was set up beside others: Inductor's
-        # choices by timing at compile time may have gone wrong there (README, "How a measurement is taken").
-        final = set() if force is True else self.store.final_keys(str(force) if force else None, revised,
-                                                                  alone=not self.measure.parallel_setup)
-        newest = self.store.latest()
-        recorded = self.store.load()
-        took = durations(recorded, alone=not self.measure.parallel_setup)
-        whole = [t.seconds / t.variants for t in took.values() if t.of == "whole"]
-        typical = stats.median(whole) if whole else None
-        beyond = beyond_setups(recorded)
-        # the sessions whose records can be taken as a part of their workload's measurement: their baseline is final
-        anchored = {k for k, r in session_baselines(recorded, self.cfg.baseline).items() if r.status in FINAL_STATUSES}
-        wall = time.time()
-        for i, entry in enumerate(tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload")):
-            # The first workload always runs, so that every call makes progress.
-            if i and self.cfg.budget_s is not None and time.monotonic() - start > self.cfg.budget_s:
-                log.warning("time budget of %s s spent: stopping before %s (rerun to resume)", self.cfg.budget_s, entry.name)
-                break
+        done = set() if self.cfg.force else self.store.final_keys(revised=revised, alone=not self.measure.parallel_setup)
+        for entry in tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload"):
             for run in range(self.cfg.runs):
-                keys = {v.name: key(entry.name, entry.mode, entry.batch, entry.size, v.name, run, self.cfg.tp)
-                        for v in self.variants}
-                todo = self._todo(entry, run, keys, final, newest, anchored)
-                if not todo:
+                keys = [key(entry.name, entry.mode, entry.batch, entry.size, v.name, run, self.cfg.tp) for v in self.variants]
+                if all(k in done for k in keys):
                     log.info("%s run %d: already recorded", entry.name, run)
                     continue
-                # Roughly: the newest measurement's time, shared out evenly among the variants it measured; one
-                # from before workload_s, its setups and what measurements now take beyond theirs; a workload
-                # never measured whole, at least as long per variant as the median one measured.
-                last = took.get((entry.name, entry.mode, entry.batch, entry.size, self.cfg.tp))
-                per_variant = last.seconds / last.variants if last else None
-                if last and last.of == "setups" and beyond is not None:
-                    per_variant += beyond
-                elif last is None or last.of != "whole":
-                    per_variant = max(per_variant or 0, typical or 0) or None
-                need = per_variant and per_variant * len(todo)
-                if need and self.deadline is not None and time.time() + need > self.deadline:
-                    # More than the sweep's whole time: measured in parts that each fit it, the next one now if
-                    # it fits what is left
-                    part = self._part(todo, per_variant, self.deadline - wall) if wall + need > self.deadline else None
-                    if part and time.time() + per_variant * len(part) <= self.deadline:
-                        log.info("%s run %d: %d variants should take about %.0f s, more than this sweep's %.0f s: "
-                                 "measured in parts, each with %s; this part: %s", entry.name, run, len(todo), need,
-                                 self.deadline - wall, self.cfg.baseline, ", ".join(v.name for v in part))
-                        todo = part
-                    else:
-                        log.warning("%s run %d: %d variants should take about %.0f s, %.0f s are left before the "
-                                    "deadline: not started (%s)", entry.name, run, len(todo), need,
-                                    self.deadline - time.time(),
-                                    "rerun to resume" if part or wall + need <= self.deadline else
-                                    "more than this sweep's whole time: it needs a later deadline")
-                        continue
-                if self._claim(entry, run):
-                    self._measure(entry, run, todo)
+                self.session = uuid.uuid4().hex[:12]  # one session per workload: every variant's record carries it
+                self._measure(entry, run, self.variants)
         return self.store.path
-
-    def _todo(self, entry: Entry, run: int, keys: dict[str, tuple], final: set[tuple], newest: dict[tuple, Record],
-              anchored: set[tuple]) -> list[Variant]:
-        """The variants of one run of a workload to measure now. Variants are compared within one session (one
-        machine, interleaved rounds), so one unmeasured, interrupted or measured again, or final ones from
-        different sessions, and all are measured again together; but where every final one's session has a
-        final record of the baseline (a workload measured in parts), the rest are measured with the baseline
-        again, as the next part. Variants that failed or were skipped are retried on their own."""
-        todo = [v for v in self.variants if keys[v.name] not in final]
-        sessions = {newest[k].session for k in keys.values() if k in final}
-        retried = [v for v in todo if keys[v.name] in newest and newest[keys[v.name]].status in RETRIED_ALONE]
-        in_parts = self.baseline is not None and sessions and all(
-            session_key(s, keys[self.baseline.name]) in anchored for s in sessions)
-        if (in_parts or len(sessions) <= 1) and len(retried) == len(todo):
-            return todo
-        if in_parts:
-            return [self.baseline, *(v for v in todo if v is not self.baseline)]
-        return list(self.variants)
-
-    def _part(self, todo: list[Variant], per_variant: float, whole_s: float) -> list[Variant] | None:
-        """The next part of a workload whose `todo` takes longer than a sweep's `whole_s`: the baseline and the
-        last of the others, split evenly into as few parts as fit, so that the first ones in the config's order
-        (Fig 9's, pt2_cg and grace) are measured last, with the baseline whose record stays the newest; None
-        without the baseline among them, or where it and one other do not fit."""
-        others = [v for v in todo if v is not self.baseline]
-        each = int(whole_s // per_variant) - 1  # others a part can take beside the baseline
-        if self.baseline not in todo or each < 1 or not others:
-            return None
-        parts = -(-len(others) // each)
-        return [self.baseline, *others[len(others) - len(others) // parts:]]
-
-    def _claim(self, entry: Entry, run: int) -> bool:
-        """With `claims` (a folder shared by sweeps running side by side, one per GPU), take this workload
-        unless another sweep has: the first to create its file measures it. Without, always."""
-        if self.cfg.claims is None:
-            return True
-        folder = Path(self.cfg.claims)
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            os.close(os.open(folder / f"{entry.name}-{entry.mode}-{entry.batch}-{entry.size}-run{run}",
-                             os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            log.info("%s run %d: taken by a sweep beside this one", entry.name, run)
-            return False
-        return True
 
     def _record(self, entry: Entry, run: int, variant: Variant, status: str, **fields) -> Record:
         return Record(experiment=self.cfg.experiment_name, session=self.session, run=run, workload=entry.name,
@@ -452,5 +335,7 @@ class Sweep:
             rank_median_ms=_rank_medians(rounds),
             baseline=self.cfg.baseline if compare_to_baseline else None,
             round_ratios=stats.round_ratios(iter_ms, [r.times_ms for r in baseline_rounds]) if compare_to_baseline else None,
+            **(dict(zip(("speedup", "speedup_ci"), stats.speedup_interval([r.times_ms for r in baseline_rounds], iter_ms)))
+               if compare_to_baseline else {}),
             launch_us=[r.launch_us for r in rounds], sm_clock_mhz=[r.sm_clock_mhz for r in rounds],
             numerics=setup.numerics, **fields)

@@ -48,6 +48,9 @@ def _serve(conn, spec: Spec) -> None:
 
 class Worker:
     def __init__(self, spec: Spec, timeout_s: float):
+        if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
+            # a job of joblib's launcher runs in a loky process, whose start method a spawned child lacks
+            mp.set_start_method("spawn", force=True)
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         # Not a daemon: Inductor starts compile subprocesses of its own.

@@ -4,12 +4,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from experiments import config  # noqa: F401  (registers the config schema)
+
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 
 # Small enough for a 2-core CPU, large enough to exercise rounds, ratios and quartiles.
 FAST = ["measure=smoke", "measure.rounds=2", "measure.iters=3", "measure.warmup=2", "measure.profile_iters=2",
-        "measure.launch_calibration=10", "figure=false"]
+        "measure.launch_calibration=10", "figure=false", "aa_control=false"]
 
 
 def pytest_collection_modifyitems(config, items):

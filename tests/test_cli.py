@@ -29,7 +29,8 @@ def recorded(tmp_path):
     (["experiment=smoke", "variant=eager,nope"], "error: unknown variant 'nope' (known: cgct, cgct_pi, eager,"),
     (["experiment=smoke", "workload=[mlp]", "workload.mlp.name=nope"], "error: workload 'mlp': unknown workload 'nope'"),
     (["experiment=smoke", "workload=[EOS]", "workload.EOS.mode=train"], "no train mode"),
-    (["experiment=smoke", "shard=3"], "error: shard must be"),
+    (["experiment=smoke", "measure.rounds=abc"], "Error merging override measure.rounds=abc"),
+    (["experiment=smoke", "workload=[alexnet]"], "error: unknown workload 'alexnet' (the model of ALNET: use that)"),
     (["experiment=smoke", "+variant.x.dynamo.no_such_setting=1"], "torch._dynamo.config has no setting 'no_such_setting'"),
 ])
 def test_bad_input(tmp_path, recorded, args, message):
@@ -52,10 +53,15 @@ def test_main_job_writes_records_and_a_figure(tmp_path):
     assert (device_dirs[0] / "speedup.csv").exists()
 
 
-def test_multirun_sweeps_one_job_per_combination(tmp_path):
-    proc = _run(tmp_path, "experiment=smoke", "workload=mlp,EOS", "variant=eager", "measure.rounds=1",
-                "measure.iters=2", "measure.warmup=1", "measure.profile_iters=1", "figure=false",
-                f"hydra.sweep.dir={tmp_path / 'm'}", multirun=True)
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=gpus", "gpus=2"], ["hydra/launcher=submitit_local"]])
+def test_multirun_runs_one_job_per_workload_through_hydras_launchers(tmp_path, launcher):
+    """The basic launcher one job after another; joblib's two side by side (each holding one of two
+    "GPUs"); submitit's local executor, as it runs a Slurm job."""
+    proc = _run(tmp_path, "experiment=smoke", "workload=mlp,EOS,cpu_scalar", "size=tiny", "variant=[eager]",
+                "measure.rounds=1", "measure.iters=2", "measure.warmup=1", "measure.profile_iters=1", "figure=false",
+                f"hydra.sweep.dir={tmp_path / 'm'}", *launcher, multirun=True)
     assert proc.returncode == 0, proc.stderr
     lines = next((tmp_path / "smoke").iterdir()).joinpath("records.jsonl").read_text().splitlines()
-    assert sorted(json.loads(line)["workload"] for line in lines) == ["eos_chain", "mlp"]
+    records = [json.loads(line) for line in lines]
+    assert sorted(r["workload"] for r in records) == ["cpu_scalar", "eos_chain", "mlp"]
+    assert len({r["session"] for r in records}) == 3 and {r["status"] for r in records} == {"ok"}

@@ -3,8 +3,7 @@ import json
 import multiprocessing as mp
 
 from experiments import report
-from experiments.records import (TP_REVISED, HostStats, KernelStats, Numerics, Record, RecordStore, Took, beyond_setups,
-                                 current, durations, session_baselines)
+from experiments.records import TP_REVISED, HostStats, KernelStats, Numerics, Record, RecordStore, current, session_baselines
 
 
 def make(variant="inductor", status="ok", run=0, **fields) -> Record:
@@ -49,7 +48,7 @@ def test_bad_status_is_refused():
     raise AssertionError("status 'great' accepted")
 
 
-def test_latest_wins_and_only_ok_or_mismatch_is_final(tmp_path):
+def test_latest_wins_and_what_was_measured_or_skipped_is_final(tmp_path):
     store = RecordStore(tmp_path / "r.jsonl")
     store.append(make("a", "failed"))
     store.append(make("b", "ok"))
@@ -57,7 +56,7 @@ def test_latest_wins_and_only_ok_or_mismatch_is_final(tmp_path):
     store.append(make("d", "mismatch"))
     store.append(make("a", "ok", median_ms=1.0))
     assert store.latest()[make("a").key].median_ms == 1.0
-    assert {k[4] for k in store.final_keys()} == {"a", "b", "d"}
+    assert {k[4] for k in store.final_keys()} == {"a", "b", "c", "d"}
 
 
 def test_an_interrupted_run_does_not_hide_the_record_before_it(tmp_path):
@@ -69,14 +68,6 @@ def test_an_interrupted_run_does_not_hide_the_record_before_it(tmp_path):
     latest = store.latest()
     assert latest[make("a").key].median_ms == 1.0 and latest[make("b").key].reason == "second"
     assert {k[4] for k in store.final_keys()} == {"a"}
-
-
-def test_records_made_before_a_date_are_not_final_when_asked(tmp_path):
-    store = RecordStore(tmp_path / "r.jsonl")
-    store.append(make("a", env={"date": "2026-11-30T07:23:30+00:00"}))
-    store.append(make("b", env={"date": "2026-11-30T09:41:02+00:00"}))
-    assert {k[4] for k in store.final_keys()} == {"a", "b"}
-    assert {k[4] for k in store.final_keys(made_before="2026-11-30T09:30")} == {"b"}
 
 
 def test_records_made_before_their_workloads_revision_are_not_final_and_not_current(tmp_path):
@@ -127,53 +118,6 @@ def test_concurrent_appends_never_interleave(tmp_path):
         p.join()
     records = RecordStore(path).load()
     assert len(records) == 200 == len(path.read_text().splitlines())
-
-
-def test_durations_are_the_newest_measurements_longest_record_and_its_variant_count():
-    def rec(session, variant, took, status="ok", workload="mlp"):
-        return dataclasses.replace(make(variant, status), session=session, workload=workload, workload_s=took)
-
-    records = [rec("old", "eager", 900.0), rec("new", "eager", 30.0), rec("new", "inductor", 80.0),
-               rec("x", "eager", 164.0, status="interrupted", workload="xlnet"),  # ran 164 s, then stopped
-               dataclasses.replace(make("eager"), workload="eos")]  # nothing timed: no estimate
-    assert durations(records) == {("mlp", "eval", 8, "tiny", 1): Took(80.0, 2),
-                                  ("xlnet", "eval", 8, "tiny", 1): Took(164.0, 1, "interrupted")}
-    # stopped after 50 s: at least as long as the whole one before it; stopped after 120 s: at least that
-    stopped = [rec("new2", v, 50.0, status="interrupted") for v in ("eager", "inductor", "grace")]
-    assert durations(records + stopped)[("mlp", "eval", 8, "tiny", 1)] == Took(80.0, 2)
-    stopped = [dataclasses.replace(r, session="new3", workload_s=120.0) for r in stopped]
-    assert durations(records + stopped)[("mlp", "eval", 8, "tiny", 1)] == Took(120.0, 2)
-
-
-def test_durations_for_a_sweep_setting_up_alone_count_parallel_setups_one_after_another():
-    def rec(variant, compile_s, beside, took=100.0):
-        return dataclasses.replace(make(variant), session="s", workload_s=took, compile_s=compile_s, warmup_s=1.0,
-                                   set_up_beside=beside)
-
-    parallel = [rec("eager", 20.0, 2), rec("inductor", 40.0, 2), rec("grace", 30.0, 0)]  # grace set up alone
-    k = ("mlp", "eval", 8, "tiny", 1)
-    assert durations(parallel) == {k: Took(100.0, 3)}
-    assert durations(parallel, alone=True) == {k: Took(121.0, 3)}  # the shorter parallel setup (20 + 1 s) now comes on top
-    serial = [rec("eager", 20.0, 0), rec("inductor", 40.0, 0)]
-    assert durations(serial, alone=True) == {k: Took(100.0, 2)}
-    # from before workload_s: the setups, those made beside each other overlapping unless `alone`
-    untimed = [dataclasses.replace(r, workload_s=None) for r in parallel]
-    assert durations(untimed) == {k: Took(31.0 + 41.0, 3, "setups")}
-    assert durations(untimed, alone=True) == {k: Took(31.0 + 41.0 + 21.0, 3, "setups")}
-
-
-def test_beyond_setups_is_the_most_a_measurement_with_started_workers_took_past_its_setups_per_variant():
-    def rec(session, variant, took, start_s=5.0, status="ok", workload="mlp"):
-        return dataclasses.replace(make(variant, status), session=session, workload=workload, workload_s=took,
-                                   compile_s=10.0, warmup_s=2.0, start_s=start_s)
-
-    assert beyond_setups([rec("old", "eager", 500.0, start_s=None)]) is None  # workers started one by one
-    records = [rec("a", "eager", 40.0), rec("a", "inductor", 64.0),  # (64 - 2 x 12) / 2
-               rec("b", "eager", 30.0, workload="eos"),  # 30 - 12
-               rec("c", "eager", 900.0, status="interrupted", workload="xlnet")]  # not whole
-    assert beyond_setups(records) == 20.0
-    part = [rec("d", "eager", 100.0, workload="mt5")]  # a part of one variant of two: its reference's 88 s on it
-    assert beyond_setups(records + part) == 20.0
 
 
 def test_session_baselines_are_each_sessions_newest_record_of_the_baseline_but_an_interrupted_one():

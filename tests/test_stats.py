@@ -41,3 +41,14 @@ def test_geomean():
 
 def test_flatten():
     assert stats.flatten([[1.0], [2.0, 3.0]]) == [1.0, 2.0, 3.0]
+
+
+def test_speedup_intervals_contain_one_for_the_same_timings_and_exclude_it_for_a_clear_difference():
+    rng = __import__("numpy").random.default_rng(1)
+    noise = lambda: (1 + 0.05 * rng.standard_normal((20, 5))).tolist()  # noqa: E731
+    same, (lo, hi) = stats.speedup_interval(noise(), noise())
+    assert lo < 1 < hi and lo <= same <= hi and stats.verdict([lo, hi]) == "within noise"
+    faster = [[t / 1.2 for t in r] for r in noise()]
+    s, (lo, hi) = stats.speedup_interval(noise(), faster)
+    assert 1 < lo <= s <= hi and stats.verdict([lo, hi]) == "win"
+    assert stats.verdict([0.8, 0.9]) == "loss"

@@ -3,7 +3,6 @@
 import dataclasses
 import logging
 import os
-from datetime import datetime, timedelta, timezone
 
 import pytest
 import torch
@@ -78,8 +77,27 @@ def test_resume_skips_final_records_and_retries_the_rest(make_cfg):
     assert {r.status for r in store.latest().values()} == {"ok"}
     _sweep(make_cfg, *overrides, "force=true")  # force measures everything again
     assert len(store.load()) == 6
-    _sweep(make_cfg, *overrides, "force=2000-01-01")  # only what was measured before 2000: nothing
-    assert len(store.load()) == 6
+
+
+def test_a_rerun_appends_no_more_records_for_variants_this_machine_cannot_run(make_cfg):
+    overrides = ["workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,pt2_cg]"]
+    store = _sweep(make_cfg, *overrides).store
+    first = store.load()
+    _sweep(make_cfg, *overrides)
+    assert store.load() == first
+
+
+def test_the_aa_control_measures_the_baseline_twice_and_every_speedup_has_its_interval(make_cfg):
+    sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
+                   "aa_control=true", "measure.rounds=4")
+    recs = _by_variant(sweep.store)
+    assert set(recs) == {"eager", "inductor", "inductor_aa"} and len({r.session for r in recs.values()}) == 1
+    for name in ("eager", "inductor_aa"):
+        r = recs[name]
+        assert r.baseline == "inductor" and r.speedup == recs["inductor"].median_ms / r.median_ms
+        lo, hi = r.speedup_ci
+        assert lo <= r.speedup <= hi
+    assert recs["inductor"].speedup is None
 
 
 def test_a_workload_revised_since_its_records_is_measured_again(make_cfg, monkeypatch):
@@ -96,108 +114,6 @@ def test_a_workload_revised_since_its_records_is_measured_again(make_cfg, monkey
     monkeypatch.setattr(eos_chain.Model, "revised", "2999-01-01")  # after them
     _sweep(make_cfg, *overrides)
     assert [r.workload for r in store.load()[2:]] == ["eos_chain"]
-
-
-def test_a_workload_that_took_longer_than_the_time_left_is_passed_over(make_cfg):
-    """A device call is stopped at its limit: a workload that would be interrupted is not started, the
-    ones after it still are."""
-    overrides = ["workload=[mlp,EOS]", "workload.mlp.size=tiny", "workload.EOS.size=tiny", "variant=[eager]"]
-    store = _sweep(make_cfg, *overrides).store
-    first = store.load()
-    assert all(0 < r.workload_s < 600 for r in first)
-    store.append(dataclasses.replace(first[0], session="long ago", status="interrupted", workload_s=3600.0))
-    soon = (datetime.now(timezone.utc) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S")
-    _sweep(make_cfg, *overrides, "force=true", f"deadline={soon}")
-    assert [r.workload for r in store.load()[3:]] == ["eos_chain"]  # mlp ran 3600 s last time
-    with pytest.raises(ConfigError, match="deadline must be a UTC time"):
-        Sweep(make_cfg(*overrides, "deadline=soon"))
-
-
-def test_a_workload_never_measured_whole_is_estimated_from_those_measured(make_cfg, caplog):
-    """A workload only ever interrupted (DR-I, stopped after 52 s, was started again 201 s before a call's
-    end and stopped after 213 s) should take at least as long per variant as the median one measured:
-    after one that took an hour, it is not started ten minutes before the deadline either, and the log
-    says that only a later deadline lets either run."""
-    tiny = ["workload=[mlp,EOS]", "workload.mlp.size=tiny", "workload.EOS.size=tiny", "variant=[eager]"]
-    store = _sweep(make_cfg, *tiny).store
-    mlp, eos = store.load()
-    store.path.unlink()
-    for r in (mlp, dataclasses.replace(mlp, session="later", status="interrupted", workload_s=3600.0),
-              dataclasses.replace(eos, status="interrupted", workload_s=1.0)):
-        store.append(r)
-    soon = (datetime.now(timezone.utc) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S")
-    _sweep(make_cfg, *tiny, "force=true", f"deadline={soon}")
-    assert len(store.load()) == 3
-    assert caplog.text.count("more than this sweep's whole time") == 2
-
-
-def test_a_workload_measured_before_workload_s_is_estimated_from_its_setups_and_what_others_took_beyond(make_cfg,
-                                                                                                        caplog):
-    """A measurement from before workload_s kept only its setups (compile_s, warmup_s): the estimate adds
-    what whole measurements with workers started beside the reference (start_s) took beyond theirs, per
-    variant, not the median workload's time, which an hour-long one (XLNET-T) pulls up past a call's limit."""
-    tiny = ["workload=[mlp,EOS,cpu_scalar]", "workload.mlp.size=tiny", "workload.EOS.size=tiny",
-            "workload.cpu_scalar.size=tiny", "variant=[eager]"]
-    store = _sweep(make_cfg, *tiny).store
-    mlp, eos, scalar = store.load()
-    assert eos.start_s is not None and eos.workload_s < 300
-    kept = [dataclasses.replace(mlp, workload_s=None, start_s=None),  # its setups only
-            dataclasses.replace(scalar, workload_s=3600.0, start_s=None)]  # the median: (3600 + EOS's) / 2
-    soon = (datetime.now(timezone.utc) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S")
-    for known in ([eos], []):  # with what EOS took beyond its setup, and without: the median then
-        store.path.unlink()
-        for r in kept + known:
-            store.append(r)
-        _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager]", "force=true",
-               f"deadline={soon}")
-        assert [r.workload for r in store.load()[len(kept + known):]] == (["mlp"] if known else [])
-    assert caplog.text.count("mlp run 0: 1 variants should take about") == 1
-
-
-def test_a_workload_longer_than_the_sweeps_whole_time_is_measured_in_parts_each_with_the_baseline(make_cfg, caplog):
-    """VM's eight variants set up alone take about 1056 s, a lent GPU's call 600: each call measures a part,
-    with the baseline, the others of the config's order last (so that the first ones, Fig 9's, come in
-    the last part, with the baseline whose record stays the newest); the next sweep measures the rest with
-    the baseline again, and then nothing is left to do."""
-    caplog.set_level(logging.INFO, logger=sweep_module.__name__)
-    variants = ["variant=[eager]", "baseline=eager", "+variant.a.compile.backend=aot_eager",
-                "+variant.b.compile.backend=eager", "+variant.c.compile=null", "workload=[mlp]", "workload.mlp.size=tiny"]
-    store = _sweep(make_cfg, *variants).store
-    long_ago = [dataclasses.replace(r, session="long ago", workload_s=600.0, env={**r.env, "date": "2000-01-01T00:00"})
-                for r in store.load()]  # 150 s a variant: 600 s for the four, two parts in a sweep of under 600 s
-    store.path.unlink()
-    for r in long_ago:
-        store.append(r)
-    soon = (datetime.now(timezone.utc) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%S")
-    _sweep(make_cfg, *variants, "force=2001-01-01", f"deadline={soon}")
-    first = store.load()[4:]
-    assert [r.variant for r in first] == ["eager", "c"] and {r.status for r in first} == {"ok"}
-    assert "measured in parts, each with eager; this part: eager, c" in caplog.text
-    _sweep(make_cfg, *variants, "force=2001-01-01", f"deadline={soon}")  # the part took seconds: the rest fits
-    second = store.load()[6:]
-    assert [r.variant for r in second] == ["eager", "a", "b"] and len({r.session for r in first + second}) == 2
-    _sweep(make_cfg, *variants, "force=2001-01-01")  # every session has its baseline: nothing left to do
-    assert len(store.load()) == 9
-
-
-def test_shards_split_the_workload_list(make_cfg):
-    base = ["workload=[mlp,EOS,cpu_scalar]", "variant=[eager]", "workload.mlp.size=tiny",
-            "workload.EOS.size=tiny", "workload.cpu_scalar.size=tiny"]
-    assert [e.name for e in Sweep(make_cfg(*base, "shard=0/2")).entries] == ["mlp", "cpu_scalar"]
-    assert [e.name for e in Sweep(make_cfg(*base, "shard=1/2")).entries] == ["eos_chain"]
-    with pytest.raises(ConfigError, match="shard"):
-        Sweep(make_cfg(*base, "shard=2/2"))
-
-
-def test_sweeps_sharing_a_claims_folder_take_each_workload_once(make_cfg, tmp_path):
-    base = ["workload=[mlp,EOS]", "variant=[eager]", "workload.mlp.size=tiny", "workload.EOS.size=tiny",
-            f"claims={tmp_path / 'claims'}"]
-    (tmp_path / "claims").mkdir()
-    (tmp_path / "claims" / "mlp-eval-8-tiny-run0").touch()  # taken by a sweep on the other GPU
-    first = _sweep(make_cfg, *base)
-    assert [r.workload for r in first.store.load()] == ["eos_chain"]
-    _sweep(make_cfg, *base, "force=true")  # everything taken now: nothing measured, even when forced
-    assert len(first.store.load()) == 1
 
 
 def test_wrong_numbers_are_recorded_as_mismatch(make_cfg):
@@ -222,12 +138,6 @@ def test_a_dying_variant_is_a_failed_record_and_the_others_go_on(make_cfg):
 def test_unsupported_mode_is_a_config_error(make_cfg):
     with pytest.raises(ConfigError, match="no train mode"):
         Sweep(make_cfg("workload=[EOS]", "workload.EOS.mode=train"))
-
-
-def test_budget_stops_before_the_next_workload(make_cfg):
-    sweep = _sweep(make_cfg, "workload=[mlp,EOS]", "workload.mlp.size=tiny", "workload.EOS.size=tiny",
-                   "variant=[eager]", "budget_s=0")
-    assert [r.workload for r in sweep.store.load()] == ["mlp"]
 
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))

@@ -1,0 +1,50 @@
+"""The config's schema: Hydra checks every value's type when it composes the config, so that a bad
+override (`measure.rounds=abc`) is one line at once, not a crash in the middle of a sweep."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class Tolerance:
+    multiplier: float = 3.0
+    floor: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Measure:
+    rounds: int = 20
+    iters: int = 5
+    warmup: int = 5
+    profile_iters: int = 10
+    launch_calibration: int = 200
+    seed: int = 0
+    timeout_s: float = 1800
+    parallel_setup: bool = False
+    tolerance: Tolerance = field(default_factory=Tolerance)
+
+
+@dataclass
+class Config:
+    workload: dict[str, Any] = field(default_factory=dict)
+    variant: dict[str, Any] = field(default_factory=dict)
+    measure: Measure = field(default_factory=Measure)
+    experiment_name: str = "default"
+    results_dir: str = "results"
+    baseline: str = "inductor"
+    aa_control: bool = True
+    runs: int = 1
+    force: bool = False
+    size: Optional[str] = None
+    tp: int = 1
+    gpus: Optional[int] = None
+    figure: bool = True
+
+
+_store = ConfigStore.instance()  # registered on import: run.py, the tests and notebooks compose alike
+_store.store(name="schema", node=Config)
+_store.store(group="measure", name="schema", node=Measure)
