@@ -6,6 +6,7 @@ alternates between them round by round.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ class Spec:
     tolerance_floor: dict[str, float]  # numerics: rel_err allowed beyond eager's, by compute dtype
     tolerance_multiplier: float  # numerics: rel_err allowed as a multiple of eager's
     tp: int = 1  # tensor-parallel degree (experiments/tp_bench.py runs the ranks)
+    timing_cpus: tuple[int, ...] = ()  # cores every variant's timed rounds run on (one at a time): none, the OS's choice
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,8 @@ class Bench:
     def time_round(self, iters: int, launches: int) -> Round:
         """One untimed step first: a process that sat idle while others ran pays for cold caches on its
         next call."""
+        if self.spec.timing_cpus:  # every variant's rounds on the same cores: no worker gets a faster core or node
+            os.sched_setaffinity(0, self.spec.timing_cpus)
         self._step()
         times = time_iterations(self._step, iters, self.device)
         every = None

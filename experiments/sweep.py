@@ -128,10 +128,11 @@ class Sweep:
     def run(self) -> Path:
         revised = workloads.revisions(e.name for e in self.entries)  # records before these measured another program
         done = set() if self.cfg.force else self.store.final_keys(revised=revised, alone=not self.measure.parallel_setup)
+        newest = self.store.latest()
         for entry in tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload"):
             for run in range(self.cfg.runs):
                 keys = [key(entry.name, entry.mode, entry.batch, entry.size, v.name, run, self.cfg.tp) for v in self.variants]
-                if all(k in done for k in keys):
+                if all(k in done for k in keys) and len({newest[k].session for k in keys}) == 1:
                     log.info("%s run %d: already recorded", entry.name, run)
                     continue
                 self.session = uuid.uuid4().hex[:12]  # one session per workload: every variant's record carries it
@@ -163,7 +164,8 @@ class Sweep:
     def _spec(self, entry: Entry, variant: Variant) -> Spec:
         m = self.measure
         return Spec(entry.name, entry.mode, entry.batch, entry.size, variant, self.env.device, m.seed, m.warmup,
-                    OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier, self.cfg.tp)
+                    OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier, self.cfg.tp,
+                    tuple(m.timing_cpus))
 
     def _measure(self, entry: Entry, run: int, variants: list[Variant]) -> None:
         start = self._started = time.monotonic()
