@@ -17,23 +17,21 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from experiments import stats, workloads  # noqa: E402
-from experiments.records import Record, latest, session_baselines, session_key  # noqa: E402
+from experiments import stats, workloads
+from experiments.records import Record, latest, session_baselines, session_key
 
 TP_EXPERIMENT = "tp"  # conf/experiment/tp.yaml: the records of Fig 11
 KEY = ["workload", "mode", "batch", "size", "variant", "run", "tp"]
 BASELINE = "inductor"
 LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "PyTorch2-CG",
           "runtime": "GraCE runtime", "cgct": "CGCT",
-          "pi": "PI", "scg": "SCG", "cgct_pi": "CGCT+PI", "grace": "GraCE"}
+          "pi": "PI", "scg": "SCG", "cgct_pi": "CGCT+PI", "grace": "GraCE",
+          "inductor_aa": "A/A control (PyTorch2 again)"}
 GEOMEAN = "geomean"
 ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date", "cpu"]
 
@@ -57,7 +55,8 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
             "workload": r.workload, "mode": r.mode, "batch": r.batch, "size": r.size, "variant": r.variant,
             "run": r.run, "tp": r.tp, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,
             "baseline_ms": anchor.median_ms if anchor else None,
-            "round_ratios": r.round_ratios,
+            "round_ratios": r.round_ratios, "speedup": r.speedup,
+            "ci_lo": r.speedup_ci[0] if r.speedup_ci else None, "ci_hi": r.speedup_ci[1] if r.speedup_ci else None,
             "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
             "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None,
@@ -68,11 +67,12 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
             "set_up_alone": r.set_up_alone,
             **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
-    df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "baseline_ms", "round_ratios", "gpu_kernel_ms", "kernels",
+    df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "baseline_ms", "round_ratios", "speedup", "ci_lo", "ci_hi", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
                                            "not_captured", "set_up_alone", *ENV_COLUMNS])
-    df["baseline_ms"] = df["baseline_ms"].astype(float)  # all empty: None, an object column otherwise
+    for column in ("baseline_ms", "speedup", "ci_lo", "ci_hi"):
+        df[column] = df[column].astype(float)  # all empty: None, an object column otherwise
     df["label"] = [label(r.workload, r.mode, r.batch, r.size) for r in df.itertuples()]
     df["paper"] = [acronym(r.workload, r.mode, r.batch, r.size) is not None for r in df.itertuples()]
     return df
@@ -116,6 +116,13 @@ def speedups(df: pd.DataFrame, variants: Sequence[str]) -> pd.DataFrame:
     return table.reindex(sorted(df["label"].unique()))
 
 
+def intervals(df: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The 95 % intervals of `table`'s speedups (label x variant), from the records; NaN where a record
+    has none (measured before the intervals were)."""
+    lo, hi = (_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("ci_lo", "ci_hi"))
+    return lo, hi
+
+
 def with_geomean(table: pd.DataFrame) -> pd.DataFrame:
     """Append a geomean row: over the workloads where every column has a value; where that leaves none
     (a variant not measured yet), each column over its own workloads, with the counts in the label."""
@@ -141,8 +148,9 @@ def _save(fig, data: pd.DataFrame, out: Path, name: str, index_label: str = "wor
 
 
 def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | None = None,
-          reference: float | None = 1.0):
-    """Grouped bars, one group per row of `table` and one bar per column; a missing value is written
+          reference: float | None = 1.0, errors: tuple[pd.DataFrame, pd.DataFrame] | None = None):
+    """Grouped bars, one group per row of `table` and one bar per column, each with its value printed and,
+    where `errors` (low, high tables) has them, its interval as an error bar; a missing value is written
     "missing" where its bar would be; `reference`: a horizontal line (1.0: no speedup)."""
     sns.set_theme(style="whitegrid", context="paper")
     labels, variants = list(table.index), list(table.columns)
@@ -154,6 +162,16 @@ def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | Non
         pos = x - 0.4 + width * (i + 0.5)
         values = table[v].to_numpy(dtype=float)
         ax.bar(pos, np.nan_to_num(values, nan=0.0), width, label=LABELS.get(v, v), color=color)
+        top = values
+        if errors is not None and v in errors[0]:
+            lo, hi = (e[v].reindex(labels).to_numpy(dtype=float) for e in errors)
+            has = ~np.isnan(lo) & ~np.isnan(values)
+            ax.errorbar(pos[has], values[has], yerr=[values[has] - lo[has], hi[has] - values[has]], fmt="none",
+                        ecolor="0.2", elinewidth=0.7, capsize=1.5)
+            top = np.where(has, hi, values)
+        for p, val, y in zip(pos, values, top):
+            if not np.isnan(val):
+                ax.text(p, y, f" {val:.2f}", rotation=90, ha="center", va="bottom", fontsize=5)
         for p, val in zip(pos, values):
             if np.isnan(val):
                 ax.text(p, 0.02, "missing", rotation=90, ha="center", va="bottom", fontsize=6, color="0.4",
@@ -183,7 +201,8 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
     table = speedups(df, [*variants, *([overlay] if overlay else [])])
     order = (table[variants[-1]] / table[variants[0]]).sort_values(na_position="last").index
     table = with_geomean(table.reindex(order))
-    fig = _bars(table[list(variants)], title, f"speedup over {LABELS[BASELINE]}", table[overlay] if overlay else None)
+    fig = _bars(table[list(variants)], title, f"speedup over {LABELS[BASELINE]}", table[overlay] if overlay else None,
+                errors=intervals(df, table[list(variants)]))
     return _save(fig, table, out, name)
 
 
@@ -232,6 +251,18 @@ def single_gpu(records: Iterable[Record]) -> list[Record]:
     """Records for the single-GPU figures and tables: one GPU, not of the tp experiment (its TP1 runs are
     Fig 11's points, measured its way: variants set up one at a time)."""
     return [r for r in records if r.tp == 1 and r.experiment != TP_EXPERIMENT]
+
+
+def load(results: Path, device: str, experiments: Sequence[str] | None = None) -> tuple[list[Record], list[Record]]:
+    """Every record of `device` under `results` (of `experiments`, default all), oldest first, and those the
+    figures use: made since their workload's last revision, run 0 (later runs only measure the spread)."""
+    from experiments.records import RecordStore, current
+
+    paths = sorted(results.glob(f"*/{device}/records.jsonl"))
+    if experiments:
+        paths = [q for q in paths if q.parent.parent.name in experiments]
+    every = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))
+    return every, [r for r in current(every, workloads.revisions({r.workload for r in every})) if r.run == 0]
 
 
 def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:

@@ -136,17 +136,14 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
     if not alone.all():
         lines.append(f"- Every variant set up with the GPU to itself: {', '.join(alone[alone].index) or 'none'}. In the other "
                      f"{(~alone).sum()} workloads some were set up beside other variants' compiling workers "
-                     "(measure.parallel_setup, the sweeps' way until 2026-12-01), so that Inductor's choices by timing at "
-                     "compile time may differ between their variants, as DGPT2's padding of a GEMM did (README, \"How a "
-                     "measurement is taken\"); a sweep measures those again, in parts where a workload takes longer than "
-                     "its deadline leaves (README, \"Running experiments\").")
+                     "(measure.parallel_setup), so that Inductor's choices by timing at compile time may differ between "
+                     "their variants; a sweep measures those again.")
     ok = df[(df["status"] == "ok") & (df["variant"] != "eager")]  # eager: in no figure (the smoke experiment's)
     anchored = ok["baseline_ms"].notna().groupby(ok["label"]).all().loc[lambda a: a].index  # each with its session's
     parts = ok.groupby("label")["session"].nunique().loc[lambda n: n > 1].index.intersection(anchored)
     if len(parts):
         lines.append(f"- Variants from more than one session, each session with its own run of {BASELINE}, which its "
-                     "variants' speedups are taken against (a workload measured in parts, README, \"Running experiments\", "
-                     f"or measured again by another experiment): {', '.join(parts)}.")
+                     f"variants' speedups are taken against (measured by more than one experiment): {', '.join(parts)}.")
     sessions = used.groupby("label")["session"].nunique()
     across = sessions[sessions > 1].index.difference(anchored)
     if len(across):
@@ -160,6 +157,31 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
                  f"between {used['date'].min()} and {used['date'].max()}; host CPUs (recorded since 2026-12-01): "
                  f"{_values(used, 'cpu')}.")
     return "\n".join(lines) + "\n"
+
+
+def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> str:
+    """The sessions with an A/A control: per workload, the baseline's second worker over its first (the
+    session's noise) and each variant's speedup, each with its 95 % interval and whether it is a win, a
+    loss or within noise; the newest such session of each workload."""
+    aa = f"{BASELINE}_aa"
+    sessions = {r.session for r in records if r.variant == aa and r.status == "ok"}
+    chosen = latest(r for r in records if r.session in sessions)
+    rows = {}
+    for r in chosen.values():
+        if r.variant in (aa, *variants) and r.status == "ok" and r.speedup_ci:
+            row = rows.setdefault(label(r.workload, r.mode, r.batch, r.size), {})
+            lo, hi = r.speedup_ci
+            verdict = "" if r.variant == aa else f" {stats.verdict(r.speedup_ci)}"
+            row[r.variant] = f"{r.speedup:.3f} [{lo:.3f}, {hi:.3f}]{verdict}"
+            row["timing cores"] = ",".join(map(str, r.measure.get("timing_cpus") or [])) or "any"
+            row["commit"] = (r.env.get("git_commit") or "unknown")[:7]
+    if not rows:
+        return ""
+    table = pd.DataFrame(rows).T.reindex(columns=[aa, *variants, "timing cores", "commit"]).sort_index()
+    table.columns = ["A/A: inductor again", *(f"{v} speedup" for v in variants), "timing cores", "commit"]
+    return ("\n### Noise: the A/A control, and speedups with 95 % intervals\n\n"
+            "Each row is one session; an interval is a paired bootstrap over its rounds. A speedup is a win or a "
+            "loss only where its interval excludes 1.\n\n" + table.to_markdown() + "\n")
 
 
 def revised(records: Sequence[Record], revisions: Mapping[str, str]) -> str:

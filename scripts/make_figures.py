@@ -27,16 +27,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("paper_figures"))
     p.add_argument("--readme", type=Path, default=Path("README.md"), help="README whose results section to replace")
     args = p.parse_args(argv)
-    paths = sorted(args.results.glob(f"*/{args.device}/records.jsonl"))
-    if args.experiments:
-        paths = [q for q in paths if q.parent.parent.name in args.experiments]
-    if not paths:
+    every, first = figures.load(args.results, args.device, args.experiments)
+    if not every:
         print(f"error: no records under {args.results}/*/{args.device}/", file=sys.stderr)
         return 2
-    every = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))
     revised = workloads.revisions({r.workload for r in every})
     records = current(every, revised)  # a revised workload's older records measured another program
-    first = [r for r in records if r.run == 0]  # figures and tables; later runs only measure the spread
     for out in figures.paper_figures(first, args.out):
         print(out)
     single = figures.single_gpu(first)  # the results section and tables
@@ -45,7 +41,8 @@ def main(argv=None) -> int:
         print(report.write_replay_overhead(replays, args.out))
     for sizes in sorted(args.results.glob(f"pi_microbench/{args.device}/sizes.jsonl")):
         print(figures.pi_microbench_figure(sizes, args.out))
-    results = report.summary(single) + report.revised(every, revised) + report.spread(figures.single_gpu(records))
+    results = (report.summary(single) + report.noise(single) + report.revised(every, revised)
+               + report.spread(figures.single_gpu(records)))
     (args.out / "results.md").write_text(results)
     report.splice(results, args.readme)
     print(args.out / "results.md", "and", args.readme)
