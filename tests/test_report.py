@@ -180,11 +180,11 @@ def test_summary_names_the_workloads_whose_variants_were_measured_in_different_s
            "them again together): b eval b1." in report.summary(records)
 
 
-def test_summary_names_the_workloads_measured_in_parts_apart_from_those_compared_across_sessions():
+def test_summary_names_the_workloads_whose_variants_come_from_several_sessions_each_with_its_baseline():
     parts = [dataclasses.replace(r, session="part 1") for r in (rec("b", "inductor", 8.0), rec("b", "cgct", 2.0))]
     summary = report.summary(parts + RECORDS)  # the part of cgct first, then Fig 9's
     assert "Variants from more than one session, each session with its own run of inductor" in summary
-    assert "or measured again by another experiment): b eval b1." in summary
+    assert "(measured by more than one experiment): b eval b1." in summary
     assert "compared across sessions" not in summary
     assert re.search(r"\| b eval b1\s+\|\s+9\s+\|\s+3\s+\|\s+1\s+\|\s+3\s+\|\s+9\s+\|", summary)  # Fig 9's session: the newest
 
@@ -196,3 +196,15 @@ def test_summary_takes_the_baseline_measured_beside_grace_while_a_workload_is_be
     summary = report.summary(RECORDS + later)
     assert re.search(r"\| b eval b1\s+\|\s+9\s+\|\s+3\s+\|\s+1\s+\|\s+3\s+\|\s+9\s+\|", summary)
     assert "within 3 % of the faster of inductor and pt2_cg on 2 of 2 workloads" in summary
+
+
+def test_noise_shows_each_aa_session_with_intervals_and_verdicts():
+    session = [rec("a", "inductor", 2.0), dataclasses.replace(rec("a", "inductor_aa", 2.0), speedup=1.0, speedup_ci=[0.97, 1.04]),
+               dataclasses.replace(rec("a", "grace", 1.0), speedup=2.0, speedup_ci=[1.9, 2.1]),
+               dataclasses.replace(rec("a", "pt2_cg", 2.1), speedup=0.95, speedup_ci=[0.9, 1.01])]
+    other = dataclasses.replace(rec("b", "grace", 1.0), session="another", speedup=3.0, speedup_ci=[2, 4])
+    text = report.noise(session + [other])
+    row = next(line for line in text.splitlines() if line.startswith("| a eval b1"))
+    assert "1.000 [0.970, 1.040]" in row and "2.000 [1.900, 2.100] win" in row and "0.950 [0.900, 1.010] within noise" in row
+    assert "b eval b1" not in text  # no A/A control in its session
+    assert report.noise(RECORDS) == ""
