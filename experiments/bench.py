@@ -156,6 +156,8 @@ class Bench:
         self.task.keep_initial()
         workload = self.task.workload
         self.fn = spec.variant.apply(self.task.model)
+        if self.task.optimizer is not None:  # the whole iteration compiled, the optimizer's step too
+            self.task.optimizer_step = spec.variant.apply(self.task.optimizer.step)
         synchronize(self.device)
         built = time.perf_counter()
         first = self.task.observe(self.fn)

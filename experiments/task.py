@@ -2,7 +2,8 @@
 
 eval:  one forward pass under inference mode, model and floating inputs cast to the workload's eval dtype.
 train: one full step under autocast to the workload's train dtype (bfloat16 unless it says why not):
-       zero grads, forward, loss, backward, optimizer step.
+       zero grads, forward, loss, backward, optimizer step (compiled like the model, as the paper's
+       harness compiles the whole iteration: optimizer_step).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Task:
             self.compute_dtype = workload.train_dtype
             self.model = model.train()
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
+        self.optimizer_step: Callable[[], object] | None = self.optimizer.step if self.optimizer else None
 
     def step(self, fn: Callable) -> Any:
         """One iteration through `fn` (the model itself, or a compiled version of it)."""
@@ -59,7 +61,7 @@ class Task:
                             enabled=self.compute_dtype != torch.float32):
             loss = self.workload.loss(_call(fn, inputs))
         loss.backward()
-        self.optimizer.step()
+        self.optimizer_step()
         return loss.detach()
 
     def _changeable(self) -> list[torch.Tensor]:
@@ -117,4 +119,5 @@ class Task:
             twin.optimizer = type(self.optimizer)(twin.model.parameters(), **self.optimizer.defaults)
             # load_state_dict casts the state to each parameter's dtype; the deep copy keeps it unshared
             twin.optimizer.load_state_dict(copy.deepcopy(self.optimizer.state_dict()))
+            twin.optimizer_step = twin.optimizer.step  # eager: the reference's
         return twin

@@ -45,7 +45,8 @@ class Variant:
             return f"variant {self.name!r} needs CUDA, and this machine has none"
         return None
 
-    def apply(self, model: torch.nn.Module) -> Callable:
+    def apply(self, model: torch.nn.Module | Callable) -> Callable:
+        """`model` (a module, or a function such as an optimizer's step) as this variant runs it."""
         if self.compile is None:
             return model
         if self.dynamo:
