@@ -40,6 +40,7 @@ class Spec:
     tolerance_floor: dict[str, float]  # numerics: rel_err allowed beyond eager's, by compute dtype
     tolerance_multiplier: float  # numerics: rel_err allowed as a multiple of eager's
     tp: int = 1  # tensor-parallel degree (experiments/tp_bench.py runs the ranks)
+    compile_optimizer: bool = False  # train: compile the optimizer's step too, with the variant's settings
     timing_cpus: tuple[int, ...] = ()  # cores every variant's timed rounds run on (one at a time): none, the OS's choice
 
 
@@ -156,7 +157,7 @@ class Bench:
         self.task.keep_initial()
         workload = self.task.workload
         self.fn = spec.variant.apply(self.task.model)
-        if self.task.optimizer is not None:  # the whole iteration compiled, the optimizer's step too
+        if self.task.optimizer is not None and spec.compile_optimizer:  # the whole iteration compiled
             self.task.optimizer_step = spec.variant.apply(self.task.optimizer.step)
         synchronize(self.device)
         built = time.perf_counter()

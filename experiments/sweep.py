@@ -165,7 +165,7 @@ class Sweep:
         m = self.measure
         return Spec(entry.name, entry.mode, entry.batch, entry.size, variant, self.env.device, m.seed, m.warmup,
                     OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier, self.cfg.tp,
-                    tuple(m.timing_cpus))
+                    m.compile_optimizer, tuple(m.timing_cpus))
 
     def _measure(self, entry: Entry, run: int, variants: list[Variant]) -> None:
         start = self._started = time.monotonic()

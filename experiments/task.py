@@ -2,8 +2,8 @@
 
 eval:  one forward pass under inference mode, model and floating inputs cast to the workload's eval dtype.
 train: one full step under autocast to the workload's train dtype (bfloat16 unless it says why not):
-       zero grads, forward, loss, backward, optimizer step (compiled like the model, as the paper's
-       harness compiles the whole iteration: optimizer_step).
+       zero grads, forward, loss, backward, optimizer step (optimizer_step: compiled like the model with
+       measure.compile_optimizer, as the paper's harness compiles the whole iteration).
 """
 
 from __future__ import annotations

@@ -432,3 +432,18 @@ def test_workers_are_all_asked_to_close_before_any_is_waited_for():
     with pytest.raises(KeyboardInterrupt), sweep_module._closing([Fake(0)]):
         raise KeyboardInterrupt
     assert events == [("ask", 0), ("wait", 0, 0)]
+
+
+def test_the_optimizers_step_is_compiled_with_the_variant_when_asked(tmp_path):
+    from experiments.bench import Bench, Spec
+    from experiments.variants import Variant
+
+    torch._dynamo.reset()
+    inductor = Variant("inductor", compile={"backend": "inductor"})
+    spec = Spec("dcgan", "train", None, "tiny", inductor, "cpu", 0, 2, {"bfloat16": 1e-2, "float32": 1e-5}, 3.0,
+                compile_optimizer=True)
+    reference = str(tmp_path / "reference.pt")
+    Bench(spec).reference(reference)
+    bench = Bench(spec)
+    assert bench.setup(reference).numerics.passed
+    assert bench.task.optimizer_step != bench.task.optimizer.step  # the compiled one, which the step calls
