@@ -130,40 +130,37 @@ def test_a_rewritten_graph_that_fails_to_compile_is_compiled_as_it_came(monkeypa
     assert report.cgct == []
 
 
-def test_a_failing_pi_leaves_the_partition_on_copies_and_right(cpu_graphs, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(runtime._Recording, "indirect", _raises)
+def _run_right(calls: int, **settings):
+    """A partition (y = x * w + 1, w static) with `settings`, called `calls` times on new inputs, each
+    call's result checked; its Stats."""
     part, stats = _part(_partition_fn([]), static={1})
-    part.indirect = True
+    for name, value in settings.items():
+        setattr(part, name, value)
     w = torch.full((4,), 2.0)
-    for _ in range(4):
+    for _ in range(calls):
         x = torch.randn(4)
         (y,) = part([x, w])
         torch.testing.assert_close(y, x * w + 1)
+    return stats
+
+
+def test_a_failing_pi_leaves_the_partition_on_copies_and_right(cpu_graphs, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(runtime._Recording, "indirect", _raises)
+    stats = _run_right(4, indirect=True)
     assert stats.status == "captured" and stats.replays == 3 and stats.copied_inputs == 1
     assert stats.pi_reasons == ["PI failed, inputs copied instead: RuntimeError: injected"]
 
 
 def test_a_failing_scg_keeps_the_graph_and_says_why(cpu_graphs, monkeypatch):  # noqa: F811
     monkeypatch.setattr(runtime, "timer", _raises)
-    part, stats = _part(_partition_fn([]), static={1})
-    part.selective = True
-    w = torch.full((4,), 2.0)
-    for _ in range(3):
-        x = torch.randn(4)
-        (y,) = part([x, w])
-        torch.testing.assert_close(y, x * w + 1)
+    stats = _run_right(3, selective=True)
     assert stats.status == "captured" and stats.replays == 2
     assert stats.scg["choice"] == "graph" and stats.scg["error"] == "SCG failed, graph kept: RuntimeError: injected"
 
 
 def test_an_error_in_the_runtimes_own_logic_runs_the_partition_as_compiled(cpu_graphs, monkeypatch):  # noqa: F811
     monkeypatch.setattr(runtime.PartitionGraph, "_here", _raises)
-    part, stats = _part(_partition_fn([]), static={1})
-    w = torch.full((4,), 2.0)
-    for _ in range(3):
-        x = torch.randn(4)
-        (y,) = part([x, w])
-        torch.testing.assert_close(y, x * w + 1)
+    stats = _run_right(3)
     assert stats.status == "eager" and stats.reason == "GraCE runtime error: RuntimeError: injected"
 
 
