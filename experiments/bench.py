@@ -23,7 +23,7 @@ from experiments.task import Task
 from experiments.timing import launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
 import grace
-from grace.torch_adapter import (collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats, pytree,
+from experiments.instrument import (collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats, pytree,
                                  shape_padding_choices)
 
 
@@ -42,6 +42,7 @@ class Spec:
     tp: int = 1  # tensor-parallel degree (experiments/tp_bench.py runs the ranks)
     compile_optimizer: bool = False  # train: compile the optimizer's step too, with the variant's settings
     timing_cpus: tuple[int, ...] = ()  # cores every variant's timed rounds run on (one at a time): none, the OS's choice
+    cold_caches: bool = True  # compile with empty, private Inductor and Triton caches (experiments/worker.py)
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,7 @@ def capture_out_of_memory() -> str | None:
     """Why the grace backend left a partition of this process without a CUDA graph, if it was a capture
     that ran out of GPU memory (a condition of the machine, other workers beside this one, not of GraCE's
     choosing: the sweep sets such a variant up again on its own)."""
-    return next((s.reason for g in grace.REPORTS for s in g.partitions
-                 if s.reason and "OutOfMemoryError" in s.reason), None)
+    return next((reason for reason in grace.without_graph_reasons() if "OutOfMemoryError" in reason), None)
 
 
 def _host(observation: dict[str, Any]) -> dict[str, Any]:
@@ -189,15 +189,14 @@ class Bench:
         through Dynamo's reset, GraCE's own). A TP rank must do this before destroying its process group:
         NCCL counts the graphs that captured its collectives, and destroying a communicator waits until
         every one is freed (pytorch#115388). Dropping the model and resetting Dynamo freed stock's graphs
-        but not GraCE's, which Inductor's module cache kept: on two H200s each grace rank hung there
-        until killed."""
+        but not GraCE's, which Inductor's module cache kept: a grace rank would hang there."""
         self.fn = self.task = None
         grace.reset()
 
     def _release(self) -> None:
         """Give the allocator's cached blocks back to the device, between requests: every variant of a
-        workload has a worker on the one GPU, and one's cache is memory the others cannot have (8 training
-        workers each keeping its peak ran GraCE's captures out of memory on the H200). CUDA-graph pools
+        workload has a worker on the one GPU, and one's cache is memory the others cannot have (training
+        workers each keeping its peak ran GraCE's captures out of memory). CUDA-graph pools
         stay; the next round's untimed step pays for allocating again."""
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

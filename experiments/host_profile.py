@@ -1,7 +1,6 @@
 """Where the host's time goes in an iteration: cProfile over a few iterations, by part of the stack.
 
-A variant whose wall time exceeds its GPU time by more than another's (the H200 sweep: the grace runtime
-2 ms per iteration over graph trees on XLNET-T, 1 ms on MTCG-T) spends it in Python somewhere; the
+A variant whose wall time exceeds its GPU time by more than another's spends it in Python somewhere; the
 kernel table (experiments/profiling.py) cannot say where. Each function's own time goes to the GROUP of
 its file; a C function's (torch ops, guards, synchronization) to the group of the Python that called
 it. Times are per iteration and inflated by cProfile itself: compare variants with one another, not
@@ -16,7 +15,7 @@ from collections import Counter
 from typing import Callable
 
 from experiments.records import HostStats
-from grace.torch_adapter import inductor_cache_dir
+from experiments.instrument import inductor_cache_dir
 
 TOP = 12  # functions kept per record, the most own time first
 GENERATED = "inductor generated code"  # files under Inductor's cache folder (the worker's own, in a sweep)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from experiments.records import Numerics
-from grace.torch_adapter import pytree
+from experiments.instrument import pytree
 
 
 def _split(tree: Any) -> tuple[Any, list[torch.Tensor], list[Any]]:
@@ -38,8 +38,8 @@ CHUNK = 1 << 24  # elements compared at a time: XLNet's logits at batch 128 are 
 
 
 def _device() -> torch.device:
-    """Where the comparison runs: the GPU where there is one (BERT's gradients at three steps, against
-    float64 and eager's against it too, took 21 s a variant on two host cores), else the CPU."""
+    """Where the comparison runs: the GPU where there is one (float64 comparisons of a model's gradients
+    take many seconds on a few host cores), else the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 

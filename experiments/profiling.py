@@ -4,7 +4,7 @@
 - Kernels inside CUDA graphs: counted by grace.profile (CUPTI correlation ids of graph launches).
 - Bytes copied into graph inputs: stock CUDA graph trees copy every non-static input into the graph's
   placeholder with one torch._foreach_copy_ per replay, and so does GraCE's runtime; during profiling
-  that function is wrapped to add up the bytes it writes (grace.torch_adapter).
+  that function is wrapped to add up the bytes it writes (experiments.instrument).
 - Where the time went: the TOP device activities by time per iteration, inside and outside graphs
   apart, kept in each record so that two variants' GPU time can be compared later, on any machine
   (scripts/kernel_diff.py).
@@ -18,7 +18,7 @@ import torch
 
 from experiments.records import KernelStats
 from grace.profile import DEVICE_CATEGORIES, count, graph_correlations, trace
-from grace.torch_adapter import count_graph_input_copies
+from experiments.instrument import count_graph_input_copies
 
 TOP = 16  # device activities kept per record, the most time first
 NAME_CHARS = 96  # of a kernel's (demangled, often templated) name

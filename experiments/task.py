@@ -14,7 +14,8 @@ from typing import Any, Callable
 import torch
 
 from experiments.workloads import Workload
-from grace.torch_adapter import has_internal_overlap, pytree
+from experiments.instrument import pytree
+from grace.torch_adapter import has_internal_overlap
 
 
 def _cast(x: Any, dtype: torch.dtype) -> Any:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from grace.torch_adapter import all_reduce_sum
+from experiments.instrument import all_reduce_sum
 
 
 def _slice(t: torch.Tensor, dim: int, rank: int, world: int) -> nn.Parameter:

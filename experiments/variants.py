@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from grace.torch_adapter import check_dynamo_config, set_dynamo_config
+from experiments.instrument import check_dynamo_config, set_dynamo_config
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Variant:
         return (self.compile or {}).get("backend") == "grace"
 
     @property
-    def times_itself(self) -> bool:
+    def uses_scg(self) -> bool:
         """Whether it times candidates while it sets up (GraCE's SCG), which other work on the GPU skews."""
         return self.uses_grace and bool(((self.compile or {}).get("options") or {}).get("scg"))
 

@@ -79,7 +79,7 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, **kwargs):
         stats = runtime.Stats(report.graph, backward, p.index)
         report.partitions.append(stats)
         wrappers.append(functools.partial(runtime.PartitionGraph, partition=p, stats=stats,
-                                          selective=report.options.scg, indirect=report.options.pi, group=group))
+                                          scg=report.options.scg, pi=report.options.pi, group=group))
     adapter.wrap_partitions(compiled, wrappers)
     return compiled
 

@@ -1,7 +1,7 @@
 """What the host and the device cost here, measured: the inputs of SCG's cost model and its timer.
 
-On the H200 machine the host's launch cost moves by up to 2x within seconds, so the per-process
-calibrations are taken once, when first needed, and kept in each decision's record.
+The host's launch cost drifts within seconds (docs/scg.md), so the per-process calibrations are taken
+once, when first needed, and kept in each decision's record.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ def launch_cost_us(device: torch.device, launches: int) -> float:
         return per_call_us(lambda: x.add_(1), launches, device)
 
 
-SPIN_CYCLES = 2_000_000  # about 1 ms at the H200's working clock, 6 ms at its idle 345 MHz
+SPIN_CYCLES = 2_000_000  # a millisecond or so at a working GPU clock: the replays queue behind it
 
 
 def device_us(fn: Callable[[], object], replays: int = 3, before: Callable[[], None] | None = None) -> float:
     """GPU time of one call of `fn` (a graph replay), each of `replays` calls between two CUDA events, all
     queued behind a spinning kernel, so that the GPU runs them at its working clock rather than waiting
-    for the host's launches from idle (timed alone from idle, replays on the H200 read up to 20x their
-    back-to-back time). `before` runs ahead of every call, untimed (it puts back what a call writes).
+    for the host's launches from idle (timed alone from idle, replays read many times their back-to-back
+    time). `before` runs ahead of every call, untimed (it puts back what a call writes).
     After one untimed call (a fresh graph's first replay uploads it)."""
     if before is not None:
         before()

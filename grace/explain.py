@@ -15,7 +15,6 @@ import dataclasses
 from collections import Counter
 from typing import Any, Callable
 
-import pandas as pd
 import torch
 
 from grace import backend, profile, scg
@@ -28,14 +27,15 @@ class Explanation:
     eager_last_call: dict[tuple[int, bool, int], int]
     kernels: profile.KernelCounts | None = None  # of the last call, from the profiler (on a GPU)
 
-    def partitions(self) -> pd.DataFrame:
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per partition: what partitions() tabulates."""
         rows = []
         for g in self.graphs:
             for s in g.partitions:
                 key = (s.graph, s.backward, s.partition)
                 nodes = s.nodes or {}
                 rows.append({"graph": s.graph, "pass": "backward" if s.backward else "forward",
-                             "partition": s.partition, "status": s.status, "recordings_kept": s.kept,
+                             "partition": s.partition, "status": str(s.status), "recordings_kept": s.kept,
                              "kernels_in_graph": nodes.get("kernel"), "replays": self.replays_last_call.get(key, 0),
                              "without_graph": self.eager_last_call.get(key, 0),
                              "inputs_in_place": s.in_place_inputs, "inputs_copied": s.copied_inputs - s.pi_inputs,
@@ -43,7 +43,13 @@ class Explanation:
                              "bytes_copied_per_replay": s.copy_bytes_per_replay,
                              "scg": s.scg["choice"] if s.scg else "",
                              "scg_agreed": s.scg["agreed"] if s.scg else None, "reason": s.reason or ""})
-        return pd.DataFrame(rows)
+        return rows
+
+    def partitions(self):
+        """rows() as a pandas DataFrame (pandas is imported only here)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
 
     def scg_decisions(self) -> dict[str, Any] | None:
         """SCG's decisions: how many chose each candidate, how many were measured, and of those how many
@@ -59,26 +65,30 @@ class Explanation:
 
     def summary(self) -> dict[str, Any]:
         """Totals for one call (the last): what the harness keeps in its records."""
-        df = self.partitions()
+        rows = self.rows()
+
+        def total(column: str, times: str | None = None) -> int:
+            return int(sum((r[column] or 0) * (r[times] if times else 1) for r in rows))
+
         return {
             "graphs": len(self.graphs),
-            "partitions": len(df),
-            "captured": int((df.status == "captured").sum()) if len(df) else 0,
-            "replays_per_call": int(df.replays.sum()) if len(df) else 0,
+            "partitions": len(rows),
+            "captured": sum(r["status"] == "captured" for r in rows),
+            "replays_per_call": total("replays"),
             # recordings made so far, by why; and kept now (each holds its graph's memory)
             "recorded_for": dict(sum((Counter(s.recorded_for) for g in self.graphs for s in g.partitions), Counter())),
-            "recordings_kept": int(df.recordings_kept.sum()) if len(df) else 0,
-            "calls_without_graph": int(df.without_graph.sum()) if len(df) else 0,
-            "bytes_copied_per_call": int((df.bytes_copied_per_replay * df.replays).sum()) if len(df) else 0,
-            "kernels_in_graphs": int(df.kernels_in_graph.fillna(0).mul(df.replays).sum()) if len(df) else 0,
+            "recordings_kept": total("recordings_kept"),
+            "calls_without_graph": total("without_graph"),
+            "bytes_copied_per_call": total("bytes_copied_per_replay", "replays"),
+            "kernels_in_graphs": total("kernels_in_graph", "replays"),
             "kernels_launched": self.kernels.kernels if self.kernels else None,
             "kernels_outside_graphs": self.kernels.kernels - self.kernels.in_graphs if self.kernels else None,
-            "not_captured": sorted({r.reason or "warm-up: not yet called twice at the same sizes"
-                                    for r in df.itertuples() if r.status != "captured"}),
-            "without_graph": sorted({r.reason or "a first call at new sizes, or SCG's choice at these sizes"
-                                     for r in df.itertuples() if r.status == "captured" and r.without_graph}),
-            "pi_inputs": int(df.inputs_pi.sum()) if len(df) else 0,
-            "moving_inputs_copied": int(df.inputs_moving.sum()) if len(df) else 0,  # in place, until they kept moving
+            "not_captured": sorted({r["reason"] or "warm-up: not yet called twice at the same sizes"
+                                    for r in rows if r["status"] != "captured"}),
+            "without_graph": sorted({r["reason"] or "a first call at new sizes, or SCG's choice at these sizes"
+                                     for r in rows if r["status"] == "captured" and r["without_graph"]}),
+            "pi_inputs": total("inputs_pi"),
+            "moving_inputs_copied": total("inputs_moving"),  # in place, until they kept moving
             "pi_left_to_copy": sorted({why for g in self.graphs for s in g.partitions for why in s.pi_reasons}),
             "scg": self.scg_decisions(),
             "cgct": [note for g in self.graphs for note in g.cgct],
@@ -93,13 +103,18 @@ class Explanation:
             lines.append(f"graph {g.graph}: cgct: {cgct}")
             lines += [f"  {note}" for note in g.notes]
             lines += [f"  fell back to {f}" for f in g.fallbacks]
-        df = self.partitions()
-        lines.append(df.to_string(index=False) if len(df) else "no CUDA-graph partitions")
+        lines.append(self.partitions().to_string(index=False) if self.rows() else "no CUDA-graph partitions")
         if self.kernels:
             lines.append(f"last call: {self.kernels.kernels} kernels, {self.kernels.in_graphs} of them replayed "
                          f"from {self.kernels.graph_launches} graph launches, "
                          f"{self.kernels.kernels - self.kernels.in_graphs} launched outside graphs")
         return "\n".join(lines)
+
+
+def without_graph_reasons(start: int = 0) -> list[str]:
+    """Why partitions of the graphs compiled in this process (from the start-th on) run without a CUDA
+    graph, as they stand now: one reason per such partition."""
+    return [s.reason for g in backend.REPORTS[start:] for s in g.partitions if s.reason]
 
 
 def explain_call(call: Callable[[], Any], start: int = 0) -> Explanation:

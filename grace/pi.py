@@ -1,30 +1,11 @@
 """PI: parameter indirection. A replay reads the caller's input where it lies instead of a copy of it.
 
-Stock CUDA graphs bake each kernel's arguments into the graph, so a non-static input is copied into a
-placeholder before every replay. PI captures as stock does (with placeholders), then finds, in every
-kernel node of the captured graph, the parameter words that point into a placeholder: Triton kernels
-take pointers as plain 8-byte parameters, cuBLAS and cuDNN kernels carry them inside a struct
-parameter, and a kernel launched with one packed parameter buffer (cuLaunchKernel's `extra`) has them
-in that buffer, which is read and patched the same way. Kernels that load through the Tensor Memory
-Accelerator (cuBLAS's Hopper GEMMs) take a TMA descriptor instead, 128 opaque bytes that hold the
-address in a field of their own: where that field lies is learned once per process from the driver
-(TensorMapCodec), and a descriptor whose address points into a placeholder is a site too, patched by
-rewriting that field. Before a replay, each such word is rewritten to the live input's address (plus the same
-offset) and the node's parameters are set on the executable graph (cuGraphExecKernelNodeSetParams):
-one driver call per node that reads a moved input, none when the input has not moved, and no copy.
-
-Why host-side patching rather than the paper's indirect loads in Triton: it covers library kernels
-(cuBLAS, cuDNN) as well as Triton's, needs no fork of Triton, and DESIGN.md measured one node update at
-about 1.5 us on the H200 with cached parameter buffers, the fast path taken here (parameter buffers
-and pointer arrays built once per recording; a replay writes 8 bytes per site and makes one call per
-node).
-
-Where PI cannot vouch for a placeholder it keeps copying it: a memcpy or memset node touches it (their
-parameters are not patched here), or no kernel parameter was found to point into it. Each recording is
-checked once: the graph replayed on the live inputs, its placeholders overwritten, must give the outputs
-of the graph replayed on copies, bitwise, or within JITTER_FACTOR (grace.runtime) times the difference
-between two replays on the same copies where the graph is not deterministic (atomic adds in training's
-backward kernels); otherwise PI is off for that recording, with the reason.
+PI captures as stock does (with placeholders), then finds, in every kernel node of the captured graph,
+the parameter words (plain pointers, pointers inside struct parameters or a packed `extra` buffer, and
+the address field of TMA descriptors) that point into a placeholder. Before a replay each is rewritten
+to the live input's address and the node's parameters are set on the executable graph: one driver call
+per node that reads a moved input, no copy. Each recording is checked once (check) and an input PI
+cannot vouch for stays copied, with the reason. docs/pi.md has the design and its measurements.
 """
 
 from __future__ import annotations
@@ -32,15 +13,25 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
+import math
 from typing import Callable
 
+import torch
+
 from grace import cuda_driver
+from grace.recording import Recording, may_write, narrow, placeholder
+from grace.snapshot import Snapshot
 
 log = logging.getLogger("grace")
 
 WORD = 8  # bytes of a device pointer
 TENSOR_MAP = 128  # bytes of a TMA descriptor (CUtensorMap), 64-byte aligned among a kernel's parameters
 ADDRESS_MASK = ((1 << 48) - 1) & ~0xF  # the bits of a 16-byte aligned device address
+LIBRARY_ALIGNMENT = 256  # bytes: the most alignment PyTorch tells cuBLAS its operands have (cuBLASLt
+                         # picks a kernel that may rely on it), so PI reads an input in place only when it
+                         # is as aligned as its placeholder was at capture, up to this
+JITTER_FACTOR = 4  # reading inputs in place may change an output by this many times the graph's own
+                   # replay-to-replay difference (0 for a deterministic graph: bitwise equal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,3 +185,140 @@ class Indirection:
                 cuda_driver.set_kernel_params(self.exec, n.node, n.params)
                 updated += 1
         return updated
+
+    @property
+    def patched_nodes(self) -> int:
+        return len(self.nodes)
+
+
+def alignment(address: int) -> int:
+    """The largest power of two, up to LIBRARY_ALIGNMENT, that divides `address`."""
+    return min(address & -address, LIBRARY_ALIGNMENT) if address else LIBRARY_ALIGNMENT
+
+
+def poison(dtype: torch.dtype) -> float | bool:
+    """What the check writes into served placeholders: unlike real data, yet harmless to read (an
+    integer placeholder may hold indices: 0 is in range wherever any index is)."""
+    return True if dtype == torch.bool else 7.0 if dtype.is_floating_point else 0
+
+
+def difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest elementwise |a - b|: 0 when bitwise equal (NaN equal to NaN: a workload may compute NaNs
+    from random inputs), inf when they differ other than in floating-point values."""
+    if torch.equal(a, b):
+        return 0.0
+    if not a.is_floating_point() or a.shape != b.shape or a.dtype != b.dtype:
+        return math.inf
+    both_nan = a.isnan() & b.isnan()
+    d = (a.float() - b.float()).abs().masked_fill(both_nan, 0.0)
+    return float(d.nan_to_num(math.inf).max()) if d.numel() else 0.0
+
+
+class Pointing:
+    """PI on one recording: which of its copied inputs the graph reads in place, and the replay path."""
+
+    def __init__(self, recording: Recording, indirection: Indirection):
+        self.recording, self.indirection = recording, indirection
+        self.alignments = [alignment(p.data_ptr()) for p in recording.placeholders]
+
+    @property
+    def inputs(self) -> set[int]:
+        return self.indirection.inputs
+
+    @property
+    def patched_nodes(self) -> int:
+        return self.indirection.patched_nodes
+
+    def point(self, args: list) -> None:
+        """Before a replay: the graph reads each served input where it lies; an input whose layout is not
+        the recorded one (less aligned than its placeholder, other strides) and every unserved input is
+        copied."""
+        r, served, ptrs, dst, src = self.recording, self.indirection.inputs, {}, [], []
+        for i, p, fill, align in zip(r.copied, r.placeholders, r.fills, self.alignments):
+            a = args[i]
+            if i in served and a.data_ptr() % align == 0 and a.stride() == p.stride():
+                ptrs[i] = a.data_ptr()
+            else:
+                dst.append(fill), src.append(narrow(a, r.expanded.get(i, ())))
+                if i in served:
+                    ptrs[i] = p.data_ptr()
+        self.indirection.point(ptrs)
+        if dst:
+            torch._foreach_copy_(dst, src)
+
+    def to_placeholders(self) -> None:
+        """Point the nodes back at the placeholders, where copies land."""
+        r = self.recording
+        self.indirection.point({i: p.data_ptr() for i, p in zip(r.copied, r.placeholders) if i in self.inputs})
+
+
+def check(recording: Recording, args: list) -> tuple[Pointing | None, list[str]]:
+    """PI for a recording: find the kernel parameters that point into its placeholders and check once, on
+    this call's inputs, that the graph reading them in place computes what it computes on copies. Returns
+    the pointing (None: every input stays copied) and why inputs stay copied."""
+    r = recording
+    if r.graph is None:
+        return None, ["PI: no CUDA graph to patch"]
+    # A placeholder the partition returns (an input saved for backward) must hold the input's data.
+    returned = {t.untyped_storage().data_ptr() for t in r.tensors}
+    reasons = [f"PI: input {i}: returned as an output (saved for backward), so copied"
+               for i, p in zip(r.copied, r.placeholders) if p.untyped_storage().data_ptr() in returned]
+    written = {i for i, _ in r.written}
+    reasons += [f"PI: input {i}: written by the partition, so copied in and back" for i in sorted(written)]
+    ranges = {i: (p.data_ptr(), p.untyped_storage().nbytes()) for i, p in zip(r.copied, r.placeholders)
+              if p.untyped_storage().data_ptr() not in returned and i not in written}
+    if not ranges:
+        return None, reasons
+    try:
+        indirection = Indirection(r.graph.raw_cuda_graph(), r.graph.raw_cuda_graph_exec(), ranges)
+    except Exception as e:  # an unexpected node or driver answer: copies, as stock does
+        return None, reasons + [f"PI: could not read the graph's kernel parameters ({type(e).__name__}: {e})"]
+    reasons += [f"PI: input {i}: {why}" for i, why in indirection.reasons.items()]
+    if not indirection.inputs:
+        return None, reasons
+    snapshot = Snapshot(may_write(args, r.static, r.mutated))
+    try:
+        pointing, why = _check(r, args, Pointing(r, indirection), snapshot)
+        return pointing, reasons + why
+    finally:
+        snapshot.restore()
+
+
+def _check(r: Recording, args: list, pointing: Pointing, snapshot: Snapshot) -> tuple[Pointing | None, list[str]]:
+    """Every replay starts from the inputs and placeholders as this call has them."""
+    r.copy_inputs(args)
+    r.replay_graph()
+    reference = [t.clone() for t in r.tensors]
+    snapshot.restore()
+    # A graph may differ from itself from replay to replay (atomic adds in backward kernels sum in
+    # any order): a second replay on the same copies measures by how much.
+    r.copy_inputs(args)
+    r.replay_graph()
+    jitter = [difference(t, ref) for t, ref in zip(r.tensors, reference)]
+    snapshot.restore()
+    for i, fill in zip(r.copied, r.fills):  # a node still reading a placeholder would show
+        if i in pointing.inputs:
+            fill.fill_(poison(fill.dtype))
+    # The replay path itself: served inputs read in place, the rest copied. A served input less
+    # aligned than its placeholder (a view at an offset) would be copied: the check reads a copy of
+    # it from fresh memory instead, so that every served input is read in place once.
+    check_args = list(args)
+    for i, p, align in zip(r.copied, r.placeholders, pointing.alignments):
+        if i in pointing.inputs and args[i].data_ptr() % align:
+            dims = r.expanded.get(i, ())
+            check_args[i] = placeholder(p)
+            narrow(check_args[i], dims).copy_(narrow(args[i], dims))
+    pointing.point(check_args)
+    r.replay_graph()
+    off = [difference(t, ref) for t, ref in zip(r.tensors, reference)]
+    # (an output that differs between the two replays other than in floating-point values, j = inf,
+    # vouches for nothing: it must then come out bitwise equal)
+    bad = [(o, j) for o, j in zip(off, jitter) if o > JITTER_FACTOR * j or (o and math.isinf(j))]
+    if bad:
+        pointing.to_placeholders()
+        o, j = max(bad)
+        return None, [f"PI: the graph reading inputs in place disagreed with the graph on copies (an "
+                      f"output off by {o:.3g}; two replays on copies differ by {j:.3g})"]
+    if any(c is not a for c, a in zip(check_args, args)):
+        pointing.point(args)  # off the check's copies, which are freed now, onto this call's inputs
+    return pointing, []

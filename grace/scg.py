@@ -1,40 +1,19 @@
 """SCG: selective CUDA graphs. Per recording of a partition, run it as a graph only where that pays.
 
-The candidates: no graph (eager: the compiled partition's kernels launched one by one), the graph with
-its inputs copied into placeholders (graph), and, with PI on, the graph reading them in place (graph_pi:
-no copies, but a driver call per re-pointed node).
-
-A CUDA graph saves the host one launch per kernel, and costs a replay, the copies of non-static inputs
-into placeholders, and the bookkeeping around them. Which wins depends on the partition: a launch-bound
-stack of small kernels gains several times; an elementwise chain over large inputs (EOS) loses, its
-copies costing more than the launches they save.
-
-The decision is made once per recording, right after it, in two steps:
-1. predict() from what is known without timing the candidates against each other: kernels in the graph,
-   the host's launch cost and a bare replay's cost (measured once per process, grace.calibrate), bytes
-   the replay would copy and the copy bandwidth, and the GPU time of the graph's kernels (one replay
-   between CUDA events). Where one side wins by more than CLEAR, that is the decision.
-2. Otherwise measure(): time the candidates on the call's own inputs, ROUNDS times in turn (the order
-   rotating), and choose the one fastest in the most rounds; a tie goes to the model's order. Candidates
-   are compared within a round, next to each other in time, because the machine drifts across rounds:
-   right after a capture the host is cold, and on a shared host a round can be slowed by others (on the
-   H200 one partition's rounds took 6.8, 9.9 and 12.6 ms in turn). Inputs the partition mutates are snapshotted and restored
-   after each timing, the RNG state too, so that the caller's results are those of exactly one execution
-   (the chosen candidate's, run after the measurement).
-Each decision keeps its inputs, the prediction, the times measured and whether they agreed.
-
-A partition with collectives (tensor parallelism) is decided by all the ranks of its group together:
-each number, predicted or timed, is the slowest rank's (slowest_rank), as an iteration takes the slowest
-rank's time. Every rank then takes the same step and the same choice. Decided apart, one rank's
-prediction can be clear while another's is not, and the rank that times its candidates waits forever in
-a collective its peers never join (speech_transformer split over two H200s hung in setup at a2cc5da,
-its grace variant after its pt2_cg one had set up; each rank's own prediction is the one step there
-that depends on the rank's timing).
+The candidates (Choice): no graph (eager: the compiled partition's kernels launched one by one), the
+graph with its inputs copied into placeholders (graph), and, with PI on, the graph reading them in place
+(graph_pi). The decision is made once per recording, right after it: predict() from the calibrated
+costs (grace.calibrate) where one candidate wins by more than CLEAR, else measure() the candidates on
+the call's own inputs, in turn, every run starting from the call's state (a Snapshot). A partition with
+collectives is decided by all the ranks of its group together (slowest_rank): decided apart, a rank
+that times its candidates would wait in a collective its peers never join. docs/scg.md has the model,
+its calibration and the measurements behind the constants.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections import Counter
 from typing import Callable
@@ -42,11 +21,19 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from grace import calibrate
+from grace.recording import Recording, current_device, may_write, nbytes
 from grace.snapshot import Snapshot
+
+
+class Choice(enum.StrEnum):
+    GRAPH = "graph"  # the graph, its non-static inputs copied into placeholders
+    GRAPH_PI = "graph_pi"  # the graph reading them in place (PI)
+    EAGER = "eager"  # no graph: the partition's kernels launched one by one
 
 CLEAR = 0.3  # predicted relative margin beyond which no timing is done
 ROUNDS = 3  # timings of each candidate, in turn; the fastest counts
-CANDIDATES = ("graph", "graph_pi", "eager")  # graph_pi: the graph reading its inputs in place (PI on)
+CANDIDATES = tuple(Choice)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,22 +52,22 @@ class Costs:
 
 
 EAGER_LAUNCH_FACTOR = 2.7  # an Inductor kernel run without a graph costs the host this many calibrated
-                           # launches (launch_us: a tiny aten op): Triton's launcher, the buffers the
-                           # partition allocates. The median over the 17 host-bound partitions SCG timed
-                           # on the H200 (records of 47dca8b-decff01: 1.1x to 8x); with it, the model
-                           # would have picked what the timing did in 50 of those 72 decisions, not 34
-PATCH_US = 2.0  # host cost of re-pointing one kernel node: the target (DESIGN.md measured 1.5 us per
-                # cuGraphExecKernelNodeSetParams on the H200), counted as if the inputs moved every call
+                           # launches (Triton's launcher, the partition's allocations); docs/scg.md
+PATCH_US = 2.0  # host cost of re-pointing one kernel node (one cuGraphExecKernelNodeSetParams), counted
+                # as if the inputs moved every call
 
 
 @dataclasses.dataclass
 class Decision:
-    choice: str  # graph | graph_pi | eager
+    choice: Choice
     predicted_us: dict[str, float]  # per candidate, per call
     measured_us: dict[str, float] | None = None  # per candidate (its fastest round), when the prediction was not clear
     rounds_us: dict[str, list[float]] | None = None  # per candidate, every round
     costs: Costs | None = None
     error: str | None = None  # why SCG could not decide (the graph is then kept)
+
+    def __post_init__(self):
+        self.choice = Choice(self.choice)
 
     @property
     def predicted_choice(self) -> str | None:
@@ -100,7 +87,7 @@ class Decision:
         return self.predicted_choice == self.choice
 
     def as_dict(self) -> dict:
-        return {"choice": self.choice, "predicted_us": self.predicted_us, "measured_us": self.measured_us,
+        return {"choice": str(self.choice), "predicted_us": self.predicted_us, "measured_us": self.measured_us,
                 "rounds_us": self.rounds_us, "agreed": self.agreed, "tied": self.tied,
                 "costs": dataclasses.asdict(self.costs) if self.costs else None, "error": self.error}
 
@@ -116,10 +103,10 @@ def predict(c: Costs) -> dict[str, float]:
         return max(c.replay_us + (c.launch_us if copies else 0.0) + patched * PATCH_US,
                    c.gpu_us + (copy_bytes / c.copy_bytes_per_us if copies else 0.0))
 
-    predicted = {"graph": graph(c.copy_bytes, c.copies, 0),
-                 "eager": max(c.kernels * c.launch_us * EAGER_LAUNCH_FACTOR, c.gpu_us)}
+    predicted = {Choice.GRAPH: graph(c.copy_bytes, c.copies, 0),
+                 Choice.EAGER: max(c.kernels * c.launch_us * EAGER_LAUNCH_FACTOR, c.gpu_us)}
     if c.patched_nodes:
-        predicted["graph_pi"] = graph(c.pi_copy_bytes, c.pi_copies, c.patched_nodes)
+        predicted[Choice.GRAPH_PI] = graph(c.pi_copy_bytes, c.pi_copies, c.patched_nodes)
     return predicted
 
 
@@ -190,3 +177,61 @@ def choose(rounds: dict[str, list[float]], predicted: dict[str, float]) -> str:
     """The candidate fastest in the most rounds; among those tied, the model's favourite (without a
     prediction, the one with the fastest round)."""
     return min(most_wins(rounds), key=lambda name: (predicted.get(name, math.inf), min(rounds[name])))
+
+
+def cuda_timer(candidate: str, run: Callable[[], object]) -> float:
+    """One untimed run (a fresh graph's first replay uploads it), then 5 back to back."""
+    run()
+    return calibrate.per_call_us(run, 5, torch.device("cuda", torch.cuda.current_device()))
+
+
+timer = cuda_timer  # what candidates are timed with; tests put a fake here
+
+
+def _costs(recording: Recording, device: torch.device, args: list, snapshot: Snapshot) -> Costs | None:
+    if recording.nodes is None or device.type != "cuda":
+        return None  # nothing to predict from: measure
+
+    def before() -> None:  # each replay from this call's state (placeholders never garbage: indices read as such)
+        snapshot.restore()
+        if recording.copied:
+            recording.copy_inputs(args)
+
+    gpu_us = calibrate.device_us(recording.replay_graph, before=before)  # the graph's kernels alone
+    snapshot.restore()
+    return Costs(recording.nodes["kernel"], calibrate.launch_us(device), calibrate.replay_us(device),
+                 nbytes(recording.fills), calibrate.copy_bytes_per_us(device), len(recording.fills),
+                 recording.patched_nodes, gpu_us, recording.copy_bytes, len(recording.still_copied))
+
+
+def select(recording: Recording, fn: Callable, args: list, static: frozenset[int], mutated: frozenset[int],
+           group=None) -> Decision:
+    """The decision for a new recording of partition `fn`, on this call's inputs; the recording is left
+    replaying as chosen (PI on or off), and every input as the call gave it. `group`: the process group
+    whose ranks decide together."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or current_device()
+    # Every run starts from this call's state: a run that wrote an input (an intermediate Inductor
+    # computes into in place, a cache) must not hand the next one state the call never sees.
+    snapshot = Snapshot(may_write(args, static, mutated))
+
+    def graph(pi: bool) -> Callable[[], object]:
+        def run():
+            snapshot.restore()
+            recording.set_pi(pi)
+            return recording.replay(list(args))
+        return run
+
+    def eager():
+        snapshot.restore()
+        return fn(list(args))
+
+    runs = {Choice.GRAPH: graph(False), Choice.EAGER: eager}
+    if recording.pi is not None:
+        runs[Choice.GRAPH_PI] = graph(True)
+    try:
+        decision = decide(_costs(recording, device, args, snapshot), runs, timer, snapshot,
+                          slowest_rank(group) if group is not None else None)
+    finally:
+        snapshot.restore()
+    recording.set_pi(decision.choice == Choice.GRAPH_PI)
+    return decision

@@ -2,7 +2,7 @@
 
 import os
 
-from grace.torch_adapter import pytree
+from experiments.instrument import pytree
 
 
 def offset_backend(gm, example_inputs):

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from grace.torch_adapter import pytree
+from experiments.instrument import pytree
 
 MODES = ("eval", "train")
 SIZES = ("full", "tiny")  # tiny: the same code path with small dims, for CPU tests

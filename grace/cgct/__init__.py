@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from grace.cgct import cpu_factories, cpu_inputs
-from grace.torch_adapter import fake_propagate
+from grace.torch_adapter import fake_propagate, tree_leaves
 
 log = logging.getLogger("grace")
 
@@ -34,7 +34,7 @@ def compute_device(example_inputs) -> torch.device | None:
 def _signature(gm: fx.GraphModule) -> list:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     return [(v.device, v.dtype, tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v)
-            for v in torch.utils._pytree.tree_leaves(fx.node.map_arg(out.args, lambda n: n.meta.get("val")))]
+            for v in tree_leaves(fx.node.map_arg(out.args, lambda n: n.meta.get("val")))]
 
 
 def copy_graph(gm: fx.GraphModule) -> fx.Graph:

@@ -27,9 +27,9 @@ import torch
 from torch import fx
 
 from grace.cgct.placement import feeds_only, on_cpu, value
+from grace.torch_adapter import TRACED_TENSOR
 
-# (Dynamo traces torch.tensor of symbolic scalars as torch._refs.tensor)
-VALUE_FACTORIES = {torch.tensor, torch._refs.tensor, torch.as_tensor, torch.scalar_tensor, torch.full}  # values, not sizes
+VALUE_FACTORIES = {torch.tensor, TRACED_TENSOR, torch.as_tensor, torch.scalar_tensor, torch.full}  # values, not sizes
 FACTORIES = VALUE_FACTORIES | {torch.zeros, torch.ones, torch.empty, torch.arange, torch.linspace, torch.logspace,
                                torch.eye}
 

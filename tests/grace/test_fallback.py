@@ -8,8 +8,8 @@ import torch
 from torch._guards import detect_fake_mode
 
 import grace
-from grace import backend, cgct, runtime
-from tests.test_grace import _part, _partition_fn, cpu_graphs  # noqa: F401  (a fixture)
+from grace import backend, cgct, pi, recording, runtime, scg
+from tests.grace.fakes import _part, _partition_fn
 
 
 @pytest.fixture(autouse=True)
@@ -144,27 +144,27 @@ def _run_right(calls: int, **settings):
     return stats
 
 
-def test_a_failing_pi_leaves_the_partition_on_copies_and_right(cpu_graphs, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(runtime._Recording, "indirect", _raises)
-    stats = _run_right(4, indirect=True)
+def test_a_failing_pi_leaves_the_partition_on_copies_and_right(cpu_graphs, monkeypatch):
+    monkeypatch.setattr(pi, "check", _raises)
+    stats = _run_right(4, pi=True)
     assert stats.status == "captured" and stats.replays == 3 and stats.copied_inputs == 1
     assert stats.pi_reasons == ["PI failed, inputs copied instead: RuntimeError: injected"]
 
 
-def test_a_failing_scg_keeps_the_graph_and_says_why(cpu_graphs, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(runtime, "timer", _raises)
-    stats = _run_right(3, selective=True)
+def test_a_failing_scg_keeps_the_graph_and_says_why(cpu_graphs, monkeypatch):
+    monkeypatch.setattr(scg, "timer", _raises)
+    stats = _run_right(3, scg=True)
     assert stats.status == "captured" and stats.replays == 2
     assert stats.scg["choice"] == "graph" and stats.scg["error"] == "SCG failed, graph kept: RuntimeError: injected"
 
 
-def test_an_error_in_the_runtimes_own_logic_runs_the_partition_as_compiled(cpu_graphs, monkeypatch):  # noqa: F811
+def test_an_error_in_the_runtimes_own_logic_runs_the_partition_as_compiled(cpu_graphs, monkeypatch):
     monkeypatch.setattr(runtime.PartitionGraph, "_here", _raises)
     stats = _run_right(3)
     assert stats.status == "eager" and stats.reason == "GraCE runtime error: RuntimeError: injected"
 
 
-def test_an_error_of_the_partition_itself_reaches_the_caller(cpu_graphs):  # noqa: F811
+def test_an_error_of_the_partition_itself_reaches_the_caller(cpu_graphs):
     def fails(args):
         args.clear()
         raise ValueError("the program's own error")
@@ -186,17 +186,17 @@ def _writes_its_input(seen):
     return fn
 
 
-@pytest.mark.parametrize("options", [{"selective": True}, {"indirect": True}, {"selective": True, "indirect": True}])
-def test_extra_runs_for_pi_and_scg_start_from_the_calls_own_state(cpu_graphs, monkeypatch, options):  # noqa: F811
+@pytest.mark.parametrize("options", [{"scg": True}, {"pi": True}, {"scg": True, "pi": True}])
+def test_extra_runs_for_pi_and_scg_start_from_the_calls_own_state(cpu_graphs, monkeypatch, options):
     """SCG's timings and PI's check run a partition several times for one call: each run must see the
     inputs as the call has them (a static-cache generate hit an index out of bounds otherwise)."""
     def timer(name, run):
         run(), run()
         return 1.0 if name == "graph" else 2.0
 
-    monkeypatch.setattr(runtime, "timer", timer)
-    placeholder = runtime._placeholder  # zeroed: the stand-in capture runs the partition on it (CUDA's does not)
-    monkeypatch.setattr(runtime, "_placeholder", lambda t: placeholder(t).zero_())
+    monkeypatch.setattr(scg, "timer", timer)
+    placeholder = recording.placeholder  # zeroed: the stand-in capture runs the partition on it (CUDA's does not)
+    monkeypatch.setattr(recording, "placeholder", lambda t: placeholder(t).zero_())
     seen = []
     part, stats = _part(_writes_its_input(seen), static={1})
     for name, value in options.items():

@@ -48,8 +48,8 @@ def test_training_captures_forward_and_backward_and_matches_eager():
     assert {s.backward for s in stats} == {False, True}
     assert all(s.status == "captured" and s.replays >= 2 for s in stats), stats
     # each gradient is the backward graph's output memory, taken by autograd without a copy
-    from grace import runtime
-    graph_memory = {t.data_ptr() for t in runtime._OUTPUTS.values()}
+    from grace import recording
+    graph_memory = {t.data_ptr() for t in recording.OUTPUTS.values()}
     assert all(p.grad.data_ptr() in graph_memory for p in model.parameters())
 
 

@@ -1,0 +1,274 @@
+"""The recording mechanism: one partition captured in a CUDA graph, and how it is replayed.
+
+A recording keeps in place the inputs that must keep their address (given by the runtime) and gives
+every other tensor input a placeholder that receives a copy before each replay, as stock graph trees do.
+It knows whether a call's inputs sit where it reads them, whether the caller still holds its outputs (a
+replay would overwrite them), and how to replay. PI (grace.pi) may replace the copies by re-pointing
+the graph; which recording a call gets is the runtime's decision (grace.runtime).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from grace import cuda_driver
+from grace import torch_adapter as adapter
+
+log = logging.getLogger("grace")
+
+DEVICE_TYPE = "cuda"  # where partition inputs must live to be captured; tests set "cpu"
+
+
+@dataclasses.dataclass
+class Captured:
+    replay: Callable[[], None]
+    outputs: Any  # what the partition returned while captured: the tensors every replay writes
+    nodes: dict[str, int] | None  # graph nodes by kind
+    graph: torch.cuda.CUDAGraph | None  # kept (keep_graph=True) for PI to read and patch its nodes
+
+
+def cuda_capture(fn: Callable, graph_args: list) -> Captured:
+    """Capture fn(graph_args) in a CUDA graph."""
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        outputs = fn(graph_args)
+    try:
+        nodes = cuda_driver.node_counts(graph.raw_cuda_graph())
+    except Exception as e:  # counting is for reports only
+        log.warning("grace: could not read the graph's nodes: %s", e)
+        nodes = None
+    graph.instantiate()
+    return Captured(graph.replay, outputs, nodes, graph)
+
+
+capture = cuda_capture  # what records a partition; tests put a CPU stand-in here
+
+# data_ptr -> output tensor of every live recording: an input found here is another graph's output and is
+# read in place. Weak: a recording that is garbage-collected (a recompiled graph) leaves no stale address.
+OUTPUTS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def current_device() -> torch.device:
+    """Where a partition without tensor inputs (it only creates tensors, from sizes) runs."""
+    return torch.device("cuda", torch.cuda.current_device()) if DEVICE_TYPE == "cuda" else torch.device(DEVICE_TYPE)
+
+
+def nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def describe(t: torch.Tensor) -> str:
+    """dtype and shape, for reasons: 'float32 [4]'."""
+    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+
+
+def expanded_dims(t: torch.Tensor) -> tuple[int, ...]:
+    """Dims along which `t` repeats one element (stride 0), as expand() makes them."""
+    return tuple(d for d in range(t.dim()) if t.stride(d) == 0 and t.size(d) > 1)
+
+
+def narrow(t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """`t` with one element along each of `dims`: for an expanded tensor, the part that holds data."""
+    if not dims:
+        return t
+    return t.as_strided([1 if d in dims else n for d, n in enumerate(t.shape)], t.stride(), t.storage_offset())
+
+
+def placeholder(t: torch.Tensor) -> torch.Tensor:
+    """Fresh memory laid out as `t` (its strides kept: expanded dims stay expanded)."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The first and one past the last element of its storage that `t` reaches."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
+    return t.storage_offset(), t.storage_offset() + last + 1
+
+
+def _passed_through(outputs, args: list, inputs: list[int]) -> list[tuple[int, int, tuple | None]]:
+    """The outputs that are one of `inputs`, or a view of one (in its dtype, within its span): (output,
+    input, None) or (output, input, (size, stride, offset from the input's)). A replay returns them made
+    from that call's input, so that the recording keeps no reference to a caller's tensor: kept, an
+    upstream graph's output passed through here (a forward returning an activation it saves for
+    backward) would look held for ever, and the upstream partition would run without its graph."""
+    where: dict[int, list[int]] = {}  # storage address -> those of `inputs` in it
+    for i in inputs:
+        where.setdefault(args[i].untyped_storage().data_ptr(), []).append(i)
+    found = []
+    for j, out in enumerate(outputs):
+        if not isinstance(out, torch.Tensor):
+            continue
+        for i in where.get(out.untyped_storage().data_ptr(), ()):
+            a = args[i]
+            if out is a:
+                found.append((j, i, None))
+                break
+            (start, end), (first, stop) = _span(out), _span(a)
+            if out.dtype == a.dtype and first <= start and end <= stop:
+                found.append((j, i, (out.size(), out.stride(), start - first)))
+                break
+    return found
+
+
+def may_write(args: list, static: frozenset[int], mutated) -> list[torch.Tensor]:
+    """The tensor inputs one run of a partition may write: those Inductor says it mutates, and any that is
+    not a parameter or buffer (Inductor may compute in place into an intermediate another partition made).
+    A partition run again for one call (PI's check, SCG's timings) starts from them as they were."""
+    return [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and (i in mutated or i not in static)]
+
+
+class Recording:
+    """One capture of a partition, with its placeholders; `pi` is set by grace.pi when PI serves it."""
+
+    def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int], mutated: list[int],
+                 fresh_outputs: bool = False, static: frozenset[int] = frozenset()):
+        self.in_place, self.copied, self.static, self.mutated = in_place, copied, static, mutated
+        self.ptrs = [args[i].data_ptr() if i in in_place else None for i in range(len(args))]
+        # the first in-place input's address: a cheap first test of which recording a call is for (the
+        # layers that share a graph have a recording each; only one has this layer's first weight)
+        self.first = in_place[0] if in_place else None
+        # whose memory each in-place input lies in: the same tensor's memory freed or viewed elsewhere later
+        # is a move; another live tensor in a static input's place is another call site (the next layer)
+        self.bases = {i: args[i].untyped_storage().data_ptr() for i in in_place}
+        self.weak = {i: adapter.storage_weak_ref(args[i]) for i in in_place}
+        # An expanded input (stride 0 along some dims, as stock graph trees meet in training graphs) gets
+        # an expanded placeholder; copies fill the one element along those dims, as graph trees do.
+        self.expanded = {i: dims for i in copied if (dims := expanded_dims(args[i]))}
+        self.placeholders = [placeholder(args[i]) for i in copied]
+        self.fills = [narrow(p, self.expanded.get(i, ())) for i, p in zip(copied, self.placeholders)]
+        graph_args = list(args)
+        for i, p in zip(copied, self.placeholders):
+            graph_args[i] = p
+        captured = capture(fn, graph_args)
+        self.replay_graph, self.outputs, self.nodes, self.graph = (captured.replay, captured.outputs,
+                                                                   captured.nodes, captured.graph)
+        # A copied input the partition writes (one that kept moving) is copied back after each replay.
+        self.written = [(i, p) for i, p in zip(copied, self.placeholders) if i in mutated]
+        self.pi = None  # grace.pi.Pointing, when PI serves some of the copied inputs
+        self.pi_on = True  # False once SCG decided that copying beats re-pointing
+        # Outputs in memory the graph writes (its pool, or a placeholder) are protected from being replayed
+        # over while held; an output that is an in-place input passed through (a parameter saved for
+        # backward) is the caller's memory, and the caller's references to it come and go.
+        callers = {args[i].untyped_storage().data_ptr() for i in in_place}
+        outputs = self.outputs if isinstance(self.outputs, (list, tuple)) else ()
+        # (not a static input's: a parameter's memory is never checked for being held, and a view of one
+        # made anew on each replay would cost the host a few us per output)
+        self.passed = _passed_through(outputs, args, [i for i in in_place if i not in static])
+        if self.passed:
+            outputs = list(outputs)
+            for j, _, _ in self.passed:
+                outputs[j] = None
+            self.outputs = outputs if isinstance(self.outputs, list) else tuple(outputs)
+        self.tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in callers]
+        # fresh_outputs (a backward graph's): each replay returns new tensor objects over the graph's output
+        # memory, not the ones kept here. Autograd takes a parameter's first gradient as it is only when
+        # nobody else holds that tensor; else it clones it (a copy and a launch per parameter, each step).
+        # A returned tensor still held shows in its storage's count (outputs_alive).
+        owned = {id(t) for t in self.tensors}
+        self.fresh = [isinstance(t, torch.Tensor) and id(t) in owned for t in outputs] if fresh_outputs and outputs else None
+        self.storages = adapter.storage_handles(self.tensors)
+        self.baseline = adapter.references(self.tensors, self.storages)
+        OUTPUTS.update({t.data_ptr(): t for t in self.tensors})
+
+    def _elsewhere(self, args: list, i: int) -> bool:
+        """Whether in-place input i is another live tensor than the one recorded (not a move of it)."""
+        return (args[i].data_ptr() != self.ptrs[i] and not self.weak[i].expired()
+                and args[i].untyped_storage().data_ptr() != self.bases[i])
+
+    def same_site(self, args: list, static: frozenset[int]) -> bool:
+        """Whether this call comes from the call site recorded: its static inputs (parameters, buffers;
+        in a backward graph, saved activations) are those recorded, or moves of them (the tensor recorded
+        is gone, or they are another view of its memory). Another live weight is another site: the next
+        of the layers that share one Dynamo graph."""
+        return not any(self._elsewhere(args, i) for i in self.in_place if i in static)
+
+    def moved(self, args: list) -> list[int]:
+        """In-place inputs that lie elsewhere than when recorded, at the same call site: a static input
+        whose tensor is gone or seen through another view (activations made anew each call), or any other
+        input (a KV cache made anew, an output of a graph upstream that recorded again)."""
+        return [i for i in self.in_place if args[i].data_ptr() != self.ptrs[i]]
+
+    def accepts(self, args: list) -> bool:
+        """Whether inputs expanded when recorded are expanded along the same dims now (the copy fills
+        one element along them)."""
+        return not self.expanded or all(args[i].stride(d) == 0 for i, dims in self.expanded.items() for d in dims)
+
+    def copy_inputs(self, args: list) -> None:
+        """Every copied input into its placeholder, as stock graph trees do before each replay."""
+        if self.expanded:
+            torch._foreach_copy_(self.fills, [narrow(args[i], self.expanded.get(i, ())) for i in self.copied])
+        else:
+            torch._foreach_copy_(self.placeholders, [args[i] for i in self.copied])
+
+    def set_pi(self, on: bool) -> None:
+        """Replay with PI (served inputs read in place) or with copies into every placeholder."""
+        if self.pi is not None and self.pi_on and not on:
+            self.pi.to_placeholders()
+        self.pi_on = on
+
+    @property
+    def pi_inputs(self) -> set[int]:
+        """Copied inputs that PI reads in place instead."""
+        return self.pi.inputs if self.pi is not None and self.pi_on else set()
+
+    @property
+    def still_copied(self) -> list[torch.Tensor]:
+        """What a copy fills on each replay (the placeholders PI does not serve)."""
+        served = self.pi_inputs
+        return [f for i, f in zip(self.copied, self.fills) if i not in served]
+
+    @property
+    def copy_bytes(self) -> int:
+        return nbytes(self.still_copied)
+
+    @property
+    def patched_nodes(self) -> int:
+        return self.pi.patched_nodes if self.pi is not None else 0
+
+    def drop(self) -> None:
+        """Forget this recording (its memory goes back once no output is held)."""
+        for t in self.tensors:
+            if OUTPUTS.get(t.data_ptr()) is t:
+                del OUTPUTS[t.data_ptr()]
+
+    def _held(self) -> int | None:
+        """The first output with more references than right after capture (fewer is fine: the count then
+        included temporaries), or None."""
+        now = adapter.references(self.tensors, self.storages)
+        if now == self.baseline:
+            return None
+        return next((k for k in range(len(self.tensors)) if any(n[k] > b[k] for n, b in zip(now, self.baseline))),
+                    None)
+
+    def outputs_alive(self) -> bool:
+        return self._held() is not None
+
+    def held(self) -> str:
+        """Which output is held (for reasons): its index among the graph's own outputs, dtype and shape."""
+        k = self._held()
+        return "none now" if k is None else f"output {k}: {describe(self.tensors[k])}"
+
+    def replay(self, args: list) -> Any:
+        if self.pi is not None and self.pi_on:
+            self.pi.point(args)
+        elif self.copied:
+            self.copy_inputs(args)
+        written = [args[i] for i, _ in self.written] if self.written else None
+        passed = [(j, args[i], view) for j, i, view in self.passed] if self.passed else None  # before args.clear()
+        args.clear()
+        self.replay_graph()
+        if written:
+            torch._foreach_copy_(written, [p for _, p in self.written])
+        if self.fresh is None and not passed:
+            return list(self.outputs) if isinstance(self.outputs, list) else self.outputs  # callers may empty a list
+        outputs = list(self.outputs)
+        if self.fresh is not None:
+            outputs = [t.detach() if fresh else t for t, fresh in zip(outputs, self.fresh)]
+        for j, a, view in passed or ():
+            outputs[j] = a if view is None else a.as_strided(view[0], view[1], a.storage_offset() + view[2])
+        return outputs if isinstance(self.outputs, list) else tuple(outputs)

@@ -1,0 +1,141 @@
+"""Stand-ins for CUDA graphs and partitions, so that the runtime's decisions can be tested on the CPU."""
+
+
+import torch
+
+from grace import pi, recording, runtime
+from grace.torch_adapter import Partition
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _partition_fn(calls):
+    """A partition in Inductor's boxed convention: y = x * w + 1, and w += 1 when asked to mutate."""
+
+    def fn(args):
+        calls.append(len(args))
+        x, w = args
+        args.clear()
+        return (x * w + 1,)
+
+    return fn
+
+
+def _unowned(t):
+    """`t`'s memory seen by address, without keeping it alive (as a CUDA graph reads its inputs)."""
+    storage = t.untyped_storage()
+    memory = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
+    return torch.empty(0, dtype=t.dtype).set_(memory, t.storage_offset(), t.size(), t.stride())
+
+
+def fake_capture(fn, graph_args):
+    """Like a CUDA graph: capturing has no effect (here fn runs on copies, the RNG state put back);
+    each replay runs on the memory of the arguments it was recorded with (by address: it keeps no
+    tensor alive) and writes the same output tensors."""
+    recorded = [_unowned(a) if isinstance(a, torch.Tensor) else a for a in graph_args]
+    rng = torch.get_rng_state()
+    outputs = fn([a.clone() if isinstance(a, torch.Tensor) else a for a in graph_args])
+    torch.set_rng_state(rng)
+
+    def replay():
+        for out, fresh in zip(outputs, fn(list(recorded))):
+            if isinstance(out, torch.Tensor):
+                out.copy_(fresh)
+
+    return recording.Captured(replay, outputs, {"kernel": 1}, None)
+
+
+def _part(fn, static=(), mutated=()):
+    stats = runtime.Stats(graph=0, backward=False, partition=0)
+    return runtime.PartitionGraph(fn, Partition(0, frozenset(static), frozenset(mutated)), stats), stats
+
+
+def _each_somewhere_new(tensors):
+    """Each tensor in turn, every one at an address of its own, the one before freed by then (as
+    activations that code outside graphs makes anew each call)."""
+    tensors = list(tensors)
+    for i in range(len(tensors)):
+        t, tensors[i] = tensors[i], None
+        yield t
+
+
+class _Repointable:
+    """A CUDA-graph stand-in that PI can re-point: each replay runs the partition on what `reads` holds
+    (the placeholders, as recorded), adding `noise` to the outputs as atomic adds would."""
+
+    def __init__(self, fn, graph_args, noise):
+        self.fn, self.reads, self.noise = fn, list(graph_args), noise
+        self.outputs = fn([a.clone() for a in graph_args])
+        self.order = torch.Generator().manual_seed(0)  # not the RNG state that SCG and PI put back
+
+    def replay(self):
+        for out, fresh in zip(self.outputs, self.fn(list(self.reads))):
+            out.copy_(fresh + self.noise * torch.randn(fresh.shape, generator=self.order))
+
+    def raw_cuda_graph(self):
+        return 0
+
+    raw_cuda_graph_exec = raw_cuda_graph
+
+
+def _repointable_part(monkeypatch, noise=0.0, repoints=True):
+    """A partition (y = x * w + 1, w static) with PI on, captured in _Repointable stand-ins whose PI
+    serves x: point() makes the stand-in read the live tensor at that address (unless `repoints` is
+    off: a reader left on its placeholder). Returns the partition, its stats and live(x), which
+    registers a caller's tensor by address."""
+    graphs, live = [], {}
+
+    def capture(fn, graph_args):
+        graph = _Repointable(fn, graph_args, noise)
+        graphs.append(graph)
+        return recording.Captured(graph.replay, graph.outputs, {"kernel": 1}, graph)
+
+    class Indirection:
+        def __init__(self, raw_graph, raw_exec, ranges):
+            self.graph, self.inputs, self.reasons, self.nodes = graphs[-1], {0}, {}, ["node"]
+            self.placeholder = self.graph.reads[0]
+
+        def point(self, ptrs):
+            if repoints:
+                self.graph.reads[0] = live.get(ptrs[0], self.placeholder)
+
+    monkeypatch.setattr(recording, "capture", capture)
+    monkeypatch.setattr(pi, "Indirection", Indirection)
+    part, stats = _part(_partition_fn([]), static={1})
+    part.pi = True
+    return part, stats, lambda x: live.setdefault(x.data_ptr(), x)
+
+
+def _add_one_then_scale(args):
+    """A partition that writes its second input: w += 1, then x * w."""
+    x, w = args
+    args.clear()
+    w.add_(1)
+    return (x * w,)
+
+
+def _capture_on_the_arguments(fn, graph_args):
+    """As a CUDA graph captures: fn runs on the very arguments (the partitions here are pure), so an output
+    may be an argument or a view of one; the graph itself keeps no Python tensor, and each replay writes
+    the outputs in its own memory again."""
+    outputs = fn(list(graph_args))
+    own = [o if all(o.untyped_storage().data_ptr() != a.untyped_storage().data_ptr() for a in graph_args) else None
+           for o in outputs]
+    recorded = [_unowned(a) for a in graph_args]
+
+    def replay():
+        for out, fresh in zip(own, fn(list(recorded))):
+            if out is not None:
+                out.copy_(fresh)
+
+    return recording.Captured(replay, outputs, {"kernel": 1}, None)
+
+
+def _first_n_doubled(args):
+    """A partition with dynamic shapes takes the sizes as ints too."""
+    n, x = args
+    args.clear()
+    return (x[:n] * 2,)

@@ -1,0 +1,93 @@
+"""The grace backend on the CPU: registration, options, explain."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import grace
+from grace import runtime
+from tests.grace.fakes import _mlp
+
+
+def test_backend_by_name_matches_eager_in_inference_and_training():
+    model, x = _mlp(), torch.randn(3, 8)
+    twin = _mlp()
+    compiled = torch.compile(model, backend="grace")
+    torch.testing.assert_close(compiled(x), twin(x), rtol=1e-5, atol=1e-6)
+    compiled(x).square().sum().backward()
+    twin(x).square().sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend, donated", [("inductor", True), ("grace", False)])
+def test_backward_graphs_compiled_by_grace_do_not_write_over_saved_activations(monkeypatch, backend, donated):
+    """Inductor may reuse a saved activation's memory inside the backward graph (a donated buffer), so that
+    a second run on the same inputs is wrong; GraCE runs partitions more than once per call (PI's check,
+    SCG's timings), so it compiles without donated buffers. Stock Inductor donates here: the test can fail."""
+    import torch._inductor.graph as inductor_graph
+
+    seen = []
+    get = inductor_graph.get_donated_idxs
+    monkeypatch.setattr(inductor_graph, "get_donated_idxs", lambda: seen.append(get()) or seen[-1])
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    no_caches = torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False)
+    with no_caches[0], no_caches[1]:
+        torch.compile(model, backend=backend)(torch.randn(3, 8)).square().sum().backward()
+    assert any(seen) == donated, seen
+
+
+def test_backend_found_through_entry_point_without_import(tmp_path):
+    code = ("import sys, torch; m = torch.nn.Linear(2, 2); "
+            "torch.compile(m, backend='grace')(torch.randn(1, 2)); print('grace' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("True")
+
+
+def test_a_graph_with_nothing_to_compile_runs_as_is():
+    """Inductor hands back a plain function for a graph of views alone (as in Mask R-CNN): no crash."""
+    torch.compiler.reset()
+    start = len(grace.REPORTS)
+    x = torch.randn(4, 2)
+    out = torch.compile(lambda t: t.detach(), backend="grace")(x)
+    assert torch.equal(out, x)
+    assert grace.REPORTS[start].notes == ["forward: nothing for Inductor to compile; runs as is"]
+
+
+def test_unknown_option_is_one_clear_error():
+    with pytest.raises(Exception, match=r"unknown grace option\(s\) \['pii'\]"):
+        torch.compile(_mlp(), backend="grace", options={"pii": True})(torch.randn(1, 8))
+
+
+def test_explain_on_cpu_says_why_nothing_is_captured():
+    e = grace.explain(_mlp(), torch.randn(2, 8))
+    s = e.summary()
+    assert s["graphs"] == 1 and s["partitions"] == 0 and s["replays_per_call"] == 0
+    assert s["notes"] == ["forward: no CUDA-graph partition (devices: cpu); runs as compiled"]
+    assert "no GPU tensor" in s["cgct"][0]
+    assert "graph" in str(e)
+
+
+def test_explain_says_why_calls_of_captured_partitions_ran_without_their_graphs():
+    from grace.backend import GraphReport, Options
+    from grace.explain import Explanation
+
+    held = runtime.Stats(0, False, 0, status="captured", reason="outputs of the previous replays were still held",
+                         recorded_for={"first at these sizes": 1, "twin": 1}, kept=2)
+    warm = runtime.Stats(0, False, 1, status="captured", recorded_for={"first at these sizes": 1}, kept=1)
+    replayed = runtime.Stats(0, True, 2, status="captured", reason="an old reason")
+    new_sizes = runtime.Stats(0, True, 3)  # called once at each of its sizes: still warming up, no reason kept
+    e = Explanation([GraphReport(0, Options(), partitions=[held, warm, replayed, new_sizes])],
+                    replays_last_call={(0, True, 2): 1},
+                    eager_last_call={(0, False, 0): 2, (0, False, 1): 1, (0, True, 3): 1})
+    s = e.summary()
+    assert s["not_captured"] == ["warm-up: not yet called twice at the same sizes"]  # was [""]
+    assert s["calls_without_graph"] == 4 and s["replays_per_call"] == 1
+    assert s["without_graph"] == ["a first call at new sizes, or SCG's choice at these sizes",
+                                  "outputs of the previous replays were still held"]
+    assert s["recorded_for"] == {"first at these sizes": 2, "twin": 1} and s["recordings_kept"] == 3

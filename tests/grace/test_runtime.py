@@ -1,0 +1,427 @@
+"""The runtime's state machine with a CPU stand-in for CUDA graph capture (grace.runtime, grace.recording)."""
+
+import dataclasses
+import weakref
+
+import pytest
+import torch
+
+import grace
+from grace import recording, runtime
+from grace.torch_adapter import Partition
+from tests.grace.fakes import (_add_one_then_scale, _capture_on_the_arguments, _each_somewhere_new, _first_n_doubled,
+                               _mlp, _part, _partition_fn, fake_capture)
+
+
+def test_runtime_records_then_replays_copying_only_non_static_inputs(cpu_graphs):
+    calls = []
+    part, stats = _part(_partition_fn(calls), static={1})
+    w = torch.full((4,), 2.0)
+    for i in range(5):
+        x = torch.randn(4)  # a new tensor each call: copied into the placeholder
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.status == "captured" and stats.recordings == 1 and stats.replays == 4 and stats.eager_calls == 0
+    assert (stats.in_place_inputs, stats.copied_inputs, stats.copy_bytes_per_replay) == (1, 1, 16)
+
+
+def test_runtime_copies_an_expanded_input_into_an_expanded_placeholder(cpu_graphs):
+    """Training graphs take expanded inputs (stride 0: the gradient of a sum, say); the copy fills the
+    one element along the expanded dims, as graph trees do. An input that is no longer expanded at the
+    same dims runs that call without the graph."""
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.full((4, 3), 2.0)
+    for i in range(4):
+        x = torch.randn(1, 3).expand(4, 3)
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.status == "captured" and stats.replays == 3 and stats.copy_bytes_per_replay == 3 * 4
+    x = torch.randn(4, 3)  # the same shape, every element its own
+    (y,) = part([x, w])
+    torch.testing.assert_close(y, x * w + 1)
+    assert stats.eager_calls == 1 and stats.reason == "an input expanded when recorded is not expanded now"
+
+
+def test_a_strided_view_gets_a_placeholder_and_an_overlapping_one_does_not(cpu_graphs):
+    """torch cannot tell whether a view that is not dense (a slice) overlaps itself; the runtime works it
+    out from the strides, so a slice is copied into a placeholder of its layout, while a view whose
+    windows overlap runs without a graph."""
+    from grace.torch_adapter import has_internal_overlap
+    base = torch.randn(8, 6)
+    assert not has_internal_overlap(base[:, :-1]) and not has_internal_overlap(base.t()[1:, ::2])
+    assert has_internal_overlap(torch.randn(1, 3).expand(4, 3))
+    assert has_internal_overlap(torch.randn(10).as_strided((4, 3), (2, 1)))  # windows 0-2, 2-4, ...
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.full((4, 3), 2.0)
+    for i in range(4):
+        x = torch.randn(4, 5)[:, 1:4]
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.status == "captured" and stats.replays == 3 and stats.copy_bytes_per_replay == 4 * 3 * 4
+    part, stats = _part(_partition_fn([]), static={1})
+    for i in range(3):
+        x = torch.randn(10).as_strided((4, 3), (2, 1))
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.replays == 0 and "overlapping" in stats.reason
+
+
+def test_runtime_records_again_when_a_static_input_moves(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    x = torch.randn(4)
+    for w in (torch.ones(4), torch.ones(4), torch.full((4,), 3.0), torch.full((4,), 3.0)):
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.recordings >= 2 and stats.status == "captured"
+
+
+def test_a_static_input_that_keeps_moving_is_copied_instead_of_recorded_again(cpu_graphs):
+    """In a backward graph every input but the gradients counts as static, including activations that
+    code outside graphs makes anew each call: after MOVES_BEFORE_COPY moves such an input gets a placeholder."""
+    part, stats = _part(_partition_fn([]), static={1})
+    x = torch.randn(4)
+    for i, w in enumerate(_each_somewhere_new(torch.full((4,), float(i)) for i in range(12))):
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.status == "captured" and stats.moving_inputs == 1
+    assert stats.recordings == 1 + runtime.MOVES_BEFORE_COPY and stats.replays == 11
+    assert len(part.recordings[()]) == 1  # those that read it in place are let go
+
+
+def test_layers_that_share_a_graph_get_a_recording_each(cpu_graphs, monkeypatch):
+    """With weights as graph inputs, the layers of a stack call one Dynamo graph (BlenderbotSmall's 8
+    encoder layers): each layer's weights are other live tensors, not a move; every layer gets its
+    recording, as stock graph trees record each call site, and nothing is copied but the activation."""
+    part, stats = _part(_partition_fn([]), static={1})
+    weights = [torch.full((4,), float(i)) for i in range(8)]
+    checks, data_ptrs_equal = [], runtime.adapter.data_ptrs_equal  # the replay path's C++ address checks:
+    monkeypatch.setattr(runtime.adapter, "data_ptrs_equal", lambda *a: checks.append(1) or data_ptrs_equal(*a))
+    for step in range(3):
+        x = torch.randn(4)
+        for w in weights:
+            (x,) = part([x, w])
+    assert len(checks) == 15  # one per replay after the first step (whose layer 1 records), not one per layer
+    assert (stats.recordings, stats.replays, stats.eager_calls, stats.moving_inputs) == (8, 23, 0, 0)
+    assert stats.recorded_for == {"first at these sizes": 1, "new call site": 7} and stats.kept == 8
+    assert stats.copy_bytes_per_replay == 16 and part.rerecords == 0
+    expected = torch.randn(4)
+    y = expected.clone()
+    for w in weights:
+        (y,) = part([y, w])
+        expected = expected * w + 1
+    torch.testing.assert_close(y, expected)
+
+
+def test_another_view_of_the_memory_recorded_is_a_move(cpu_graphs):
+    """A slice of one buffer at a new offset each call (a cache written position by position) moves,
+    though the buffer lives on: after MOVES_BEFORE_COPY moves it is copied."""
+    part, stats = _part(_partition_fn([]), static={1})
+    buffer, x = torch.arange(48.0), torch.randn(4)
+    for i in range(12):
+        w = buffer[4 * i:4 * i + 4]
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.moving_inputs == 1 and stats.recordings == 1 + runtime.MOVES_BEFORE_COPY
+
+
+def test_runtime_replays_a_twin_while_outputs_are_held_and_never_overwrites_them(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.ones(4)
+    part([torch.randn(4), w])  # warm-up
+    xs = [torch.randn(4) for _ in range(4)]
+    (y1,) = part([xs[0], w])  # recorded: y1 is the graph's output buffer
+    (y2,) = part([xs[1], w])  # y1 held: a twin is recorded, with its own output buffer
+    (y3,) = part([xs[2], w])  # both held: runs without a graph
+    assert stats.recordings == 2 and stats.replays == 2 and stats.eager_calls == 1
+    assert "still held by the caller (output 0: float32 [4])" in stats.reason
+    assert stats.recorded_for == {"first at these sizes": 1, "twin": 1}
+    del y1, y3
+    (y4,) = part([xs[3], w])  # the first recording's output is free again: replayed over
+    assert stats.replays == 3 and stats.recordings == 2 and stats.status == "captured"
+    torch.testing.assert_close(y2, xs[1] * w + 1)
+    torch.testing.assert_close(y4, xs[3] * w + 1)
+
+
+def test_a_loop_that_holds_the_previous_output_replays_every_call(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    w, y = torch.ones(4), None
+    for _ in range(10):
+        x = torch.randn(4)
+        (y,) = part([x, w])  # y of the previous call is alive during this one
+        torch.testing.assert_close(y, x * w + 1)
+    assert stats.replays == 9 and stats.recordings == 2 and stats.eager_calls == 0
+
+
+@pytest.mark.parametrize("kind", ["static", "mutated"])
+def test_in_place_inputs_that_alternate_keep_a_recording_each(cpu_graphs, kind):
+    """Two buffers in turn: two call sites (static), or one input that moved once (a KV cache the
+    partition writes, of two): either way a recording each, both replayed from then on."""
+    part, stats = _part(_partition_fn([]), **{kind: {1}})
+    x, caches = torch.randn(4), [torch.full((4,), 2.0), torch.full((4,), 3.0)]
+    for i in range(8):
+        (y,) = part([x, caches[i % 2]])
+        torch.testing.assert_close(y, x * caches[i % 2] + 1)
+        del y
+    assert stats.recordings == 2 and stats.replays == 7 and stats.status == "captured"
+    assert stats.recorded_for == {"first at these sizes": 1, "new call site" if kind == "static" else "moved input": 1}
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_written_input_that_keeps_moving_is_copied_in_and_back(cpu_graphs, kept):
+    """An input the partition writes is read in place, so it is recorded again where it moved; once it
+    kept moving, it gets a placeholder instead, and each replay's writes are copied back into it. A new
+    cache each call moves whether the old ones are freed or kept: no static input marks a new call site."""
+    part, stats = _part(_add_one_then_scale, mutated={1})
+    x = torch.randn(4)
+    caches = (torch.full((4,), float(i)) for i in range(12))
+    for i, w in enumerate(list(caches) if kept else _each_somewhere_new(caches)):
+        (y,) = part([x, w])
+        torch.testing.assert_close(w, torch.full((4,), i + 1.0))  # written, as eager would
+        torch.testing.assert_close(y, x * (i + 1))
+        del y
+    assert stats.status == "captured" and stats.moving_inputs == 1
+    assert stats.recordings == 1 + runtime.MOVES_BEFORE_COPY and stats.replays == 11
+    assert stats.recorded_for == {"first at these sizes": 1, "moved input": runtime.MOVES_BEFORE_COPY}
+    assert stats.kept == 1  # those that read it in place are let go
+
+
+def test_an_upstream_graphs_output_that_keeps_moving_is_copied(cpu_graphs, monkeypatch):
+    """Another graph's output is read in place; when it keeps moving (each recording upstream has its
+    own outputs, and a chain of partitions multiplied the recordings) it is copied from then on."""
+    monkeypatch.setattr(recording, "OUTPUTS", weakref.WeakValueDictionary())
+    part, stats = _part(_partition_fn([]))
+    w = torch.full((4,), 2.0)
+    for x in _each_somewhere_new(torch.randn(4) for _ in range(12)):
+        recording.OUTPUTS[x.data_ptr()] = x  # as if a graph upstream had made it
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.status == "captured" and stats.recordings == 1 + runtime.MOVES_BEFORE_COPY and stats.replays == 11
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_a_downstream_graph_that_returns_its_input_leaves_the_upstream_graph_replaying(cpu_graphs, monkeypatch, view):
+    """A forward partition returning an activation it read (saved for backward), or a view of it: its
+    recording kept that tensor, so the upstream partition's outputs looked held for ever and it ran
+    without its graph on every call (DGPT2's forward on the H200). The output is now made from each
+    call's own input."""
+    monkeypatch.setattr(recording, "capture", _capture_on_the_arguments)
+    up, up_stats = _part(_partition_fn([]), static={1})
+
+    def down_fn(args):
+        (y,) = args
+        args.clear()
+        return (y.view(2, 2) if view else y, y * 2)
+
+    down, down_stats = _part(down_fn)
+    w = torch.full((4,), 2.0)
+    for _ in range(8):
+        x = torch.randn(4)
+        (y,) = up([x, w])
+        passed, z = down([y])
+        assert (passed._base is y) if view else (passed is y)
+        torch.testing.assert_close(z, (x * w + 1) * 2)
+        torch.testing.assert_close(passed.reshape(4), x * w + 1)
+        del y, passed, z
+    assert (up_stats.recordings, up_stats.replays, up_stats.eager_calls) == (1, 7, 0), up_stats.reason
+    assert (down_stats.recordings, down_stats.replays, down_stats.eager_calls) == (1, 7, 0)
+
+
+def test_moves_at_different_sizes_do_not_add_up(cpu_graphs, monkeypatch):
+    """Dynamic shapes: an upstream graph's output moves once per set of sizes (a twin at each): read in
+    place at every size, never copied; one that keeps moving at one size is copied at all of them."""
+    monkeypatch.setattr(recording, "OUTPUTS", weakref.WeakValueDictionary())
+    part, stats = _part(_first_n_doubled)
+    upstream = {n: [torch.randn(8), torch.randn(8)] for n in (2, 4, 6, 8)}  # two outputs per size
+    for step in range(4):
+        for n, outs in upstream.items():
+            x = outs[step % 2]
+            recording.OUTPUTS[x.data_ptr()] = x
+            (y,) = part([n, x])
+            torch.testing.assert_close(y, x[:n] * 2)
+            del y
+    assert stats.moving_inputs == 0 and stats.copied_inputs == 0 and stats.recordings == 8
+    for x in _each_somewhere_new(torch.randn(8) for _ in range(8)):  # at one size, somewhere new every call
+        recording.OUTPUTS[x.data_ptr()] = x
+        (y,) = part([2, x])
+        torch.testing.assert_close(y, x[:2] * 2)
+        del y
+    assert stats.moving_inputs == 1 and stats.copied_inputs == 1
+    recordings = stats.recordings
+    for x in _each_somewhere_new(torch.randn(8) for _ in range(3)):  # at another size, new places:
+        recording.OUTPUTS[x.data_ptr()] = x  # recorded once more, copying it, then replayed
+        (y,) = part([4, x])
+        torch.testing.assert_close(y, x[:4] * 2)
+        del y
+    assert stats.recordings == recordings + 1 and stats.copied_inputs == 1
+
+
+def test_runtime_gives_up_when_recordings_keep_being_made(cpu_graphs, monkeypatch):
+    monkeypatch.setattr(runtime, "MOVES_BEFORE_COPY", 10**6)  # in-place inputs never copied instead
+    part, stats = _part(_add_one_then_scale, mutated={1})
+    x = torch.randn(4)
+    ws = (torch.full((4,), float(i)) for i in range(runtime.MAX_RERECORDS + 4))
+    for i, w in enumerate(_each_somewhere_new(ws)):
+        (y,) = part([x, w])  # it moves every call
+        torch.testing.assert_close(y, x * (i + 1))
+        del y
+    assert stats.status == "eager" and f"more than {runtime.MAX_RERECORDS} recordings" in stats.reason
+    assert "inputs [1], of which written by the partition: [1]" in stats.reason
+    assert stats.recordings == runtime.MAX_RERECORDS + 1 and not part.recordings  # every graph let go
+
+
+def test_sizes_beyond_the_limit_run_without_a_graph_and_the_others_keep_theirs(cpu_graphs, monkeypatch):
+    monkeypatch.setattr(runtime, "MAX_SIZES", 2)
+
+    part, stats = _part(_first_n_doubled)
+    x = torch.randn(8)
+    for n in (2, 2, 4, 4, 6, 6, 2, 4, 6):
+        (y,) = part([n, x])
+        torch.testing.assert_close(y, x[:n] * 2)
+        del y
+    assert stats.recordings == 2 and stats.replays == 4 and stats.status == "captured"
+    assert "more than 2 sets of sizes" in stats.reason
+
+
+def test_reset_frees_every_recording_and_later_calls_record_again(cpu_graphs, monkeypatch):
+    """grace.reset frees each partition's graphs even while its wrapper lives on (Inductor's module cache
+    keeps it past Dynamo's reset), as a TP rank needs before NCCL's destroy; the wrapper still works."""
+    class Graph:  # stands in for the CUDA graph a recording keeps
+        pass
+
+    graphs = []
+
+    def capture(fn, graph_args):
+        graphs.append(Graph())
+        return dataclasses.replace(fake_capture(fn, graph_args), graph=graphs[-1])
+
+    monkeypatch.setattr(recording, "capture", capture)
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.full((4,), 2.0)
+
+    def call():
+        x = torch.randn(4)
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+
+    for _ in range(3):
+        call()
+    assert (stats.recordings, stats.kept, stats.replays) == (1, 1, 2)
+    freed = weakref.ref(graphs[0])
+    graphs.clear()
+    grace.reset()
+    assert freed() is None and part.recordings == {} and stats.kept == 0
+    for _ in range(3):  # warms up again, records, replays
+        call()
+    assert (stats.recordings, stats.kept, stats.replays, stats.status) == (2, 1, 4, "captured")
+
+
+def _runtime_compiler(made: list, backward: bool = False, static=lambda example_inputs: frozenset()):
+    """An AOTAutograd compiler that runs the graph it is given as one partition through the runtime,
+    its Stats appended to `made`; `static` picks the static inputs from the example inputs."""
+    from functorch.compile import make_boxed_func
+
+    def compile(gm, example_inputs):
+        stats = runtime.Stats(graph=0, backward=backward, partition=0)
+        made.append(stats)
+        part = runtime.PartitionGraph(make_boxed_func(gm.forward), Partition(0, static(example_inputs), frozenset()),
+                                      stats)
+        part._boxed_call = True
+        return part
+
+    return compile
+
+
+def _train_beside_eager(fw_compiler, bw_compiler, steps: int, set_to_none: bool = True):
+    """`steps` SGD steps of an MLP compiled with these AOTAutograd compilers and of its eager twin, on the
+    same inputs; parameters and gradients compared after each. Returns the compiled model's module."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch.compiler.reset()  # static shapes: earlier tests compiled the same module type
+    model, twin = _mlp(), _mlp()
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler))
+    opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    for _ in range(steps):
+        x = torch.randn(3, 8)
+        for m, o in ((compiled, opt), (twin, opt_twin)):
+            o.zero_grad(set_to_none=set_to_none)
+            m(x).square().mean().backward()
+            o.step()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p, q)
+            torch.testing.assert_close(p.grad, q.grad)
+    return model
+
+
+def test_runtime_keeps_replaying_a_training_forward_and_matches_eager(cpu_graphs):
+    """AOTAutograd's forward returns tensors saved for backward, parameters among them; the runtime
+    must not take the caller's own references to those for outputs still in use."""
+    from functorch.compile import make_boxed_func
+
+    def params(example_inputs):  # all but x
+        return frozenset(i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor) and tuple(t.shape) != (3, 8))
+
+    forwards = []
+    _train_beside_eager(_runtime_compiler(forwards, static=params), lambda gm, _: make_boxed_func(gm.forward), 5)
+    (stats,) = forwards
+    assert stats.status == "captured" and stats.recordings == 1 and stats.replays == 4 and stats.eager_calls == 0
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_backward_graphs_gradients_are_taken_by_autograd_not_cloned(cpu_graphs, set_to_none):
+    """A parameter's first gradient is taken as it is (no copy) when nobody else holds it; a backward
+    graph that kept hold of its outputs had every gradient cloned (on the H200: 1 ms of memcpy per
+    XLNET-T step, and a launch per parameter). Gradients held across steps (zero_grad without
+    set_to_none) accumulate as in eager, the graph recording a twin for the memory they keep."""
+    backwards = []
+    model = _train_beside_eager(_runtime_compiler([]), _runtime_compiler(backwards, backward=True), 6, set_to_none)
+    (stats,) = backwards
+    assert stats.status == "captured" and stats.replays == 5  # every call but the first (warm-up)
+    graph_memory = {t.data_ptr() for t in recording.OUTPUTS.values()}
+    taken = [p.grad.data_ptr() in graph_memory for p in model.parameters()]
+    assert all(taken) if set_to_none else not any(taken)  # accumulated into the first step's gradients
+
+
+def test_partition_with_cpu_inputs_runs_without_graph_and_says_why():
+    calls = []
+    part, stats = _part(_partition_fn(calls))
+    x, w = torch.ones(4), torch.ones(4)
+    for _ in range(3):
+        assert torch.equal(part([x, w])[0], x * w + 1)
+    assert calls == [2, 2, 2]  # every call ran the partition itself, once
+    assert stats.status == "eager" and "CPU tensor (float32 [4]" in stats.reason
+    assert stats.recordings == 0 and stats.replays == 0 and stats.eager_calls == 2  # call 1 is warm-up
+
+
+def test_a_recording_that_is_gone_leaves_no_address_behind(cpu_graphs):
+    part, _ = _part(_partition_fn([]), static={1})
+    w = torch.ones(4)
+    part([torch.randn(4), w])
+    part([torch.randn(4), w])  # recorded: its output's address is registered as a graph output
+    (out,) = part.recordings[()][0].outputs
+    address = out.data_ptr()
+    assert address in recording.OUTPUTS
+    del part, out
+    import gc
+
+    gc.collect()
+    assert address not in recording.OUTPUTS  # a new tensor there is an ordinary input again
+
+
+def test_runtime_keeps_one_recording_per_symbolic_size(cpu_graphs):
+    """With dynamic shapes a partition also takes the sizes as ints: one recording per distinct size."""
+
+    part, stats = _part(_first_n_doubled)
+    x = torch.randn(8)
+    for n in (2, 4, 2, 6, 4, 2, 6):  # a size's first call warms up (autotuning), its second records
+        (y,) = part([n, x])
+        torch.testing.assert_close(y, x[:n] * 2)
+        del y
+    assert stats.recordings == 3 and stats.replays == 4 and stats.eager_calls == 2 and stats.status == "captured"
