@@ -28,9 +28,9 @@ class WorkerError(RuntimeError):
 def _serve(conn, spec: Spec) -> None:
     # ignore_cleanup_errors: a worker stopped mid-compile (SIGINT) may still have Triton writing there.
     with tempfile.TemporaryDirectory(prefix="grace-caches-", ignore_cleanup_errors=True) as caches:
-        # Cold, private compile caches: compile latency is not flattered by another variant's artifacts.
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
+        if spec.cold_caches:  # compile latency not flattered by another variant's artifacts
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
+            os.environ["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
         bench = TPBench(spec) if spec.tp > 1 else Bench(spec)
         while True:
             try:
@@ -46,12 +46,21 @@ def _serve(conn, spec: Spec) -> None:
                 conn.send(("error", f"{method}: {type(e).__name__}: {e}".splitlines()[0]))
 
 
+def _context():
+    """Workers fork from a server process that has imported torch and the harness once (forkserver), so
+    that each starts in a fraction of a second instead of importing them again; the server itself never
+    initialises CUDA, so every worker makes its own context as a spawned process would."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["experiments.bench", "experiments.tp_bench"])
+    return ctx
+
+
 class Worker:
     def __init__(self, spec: Spec, timeout_s: float):
         if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
-            # a job of joblib's launcher runs in a loky process, whose start method a spawned child lacks
+            # a job of joblib's launcher runs in a loky process, whose start method a forked child lacks
             mp.set_start_method("spawn", force=True)
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         self._conn, child = ctx.Pipe()
         # Not a daemon: Inductor starts compile subprocesses of its own.
         self._proc = ctx.Process(target=_serve, args=(child, spec), name=f"bench-{spec.workload}-{spec.variant.name}")

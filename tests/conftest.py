@@ -10,11 +10,14 @@ REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 
 # Small enough for a 2-core CPU, large enough to exercise rounds, ratios and quartiles.
-FAST = ["measure=smoke", "measure.rounds=2", "measure.iters=3", "measure.warmup=2", "measure.profile_iters=2",
+FAST = ["measure=smoke", "measure.cold_caches=false", "measure.rounds=2", "measure.iters=3", "measure.warmup=2", "measure.profile_iters=2",
         "measure.launch_calibration=10", "figure=false", "aa_control=false"]
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # a test that composes a sweep's config runs one, in worker processes
+        if "make_cfg" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

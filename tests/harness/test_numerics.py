@@ -6,7 +6,7 @@ import torch
 from experiments.numerics import check, compare
 from experiments.task import Task
 from experiments.workloads import get
-from grace.torch_adapter import pytree
+from experiments.instrument import pytree
 
 FLOORS = {"bfloat16": 1e-2, "float32": 1e-5}
 

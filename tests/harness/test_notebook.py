@@ -8,6 +8,8 @@ NotebookClient = pytest.importorskip("nbclient").NotebookClient
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # a Jupyter kernel
+
 
 def test_analysis_notebook_runs_and_its_speedups_are_fig9s():
     nb = nbformat.read(REPO / "notebooks" / "analysis.ipynb", as_version=4)

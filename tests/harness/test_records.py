@@ -56,7 +56,7 @@ def test_latest_wins_and_what_was_measured_or_skipped_is_final(tmp_path):
     store.append(make("d", "mismatch"))
     store.append(make("a", "ok", median_ms=1.0))
     assert store.latest()[make("a").key].median_ms == 1.0
-    assert {k[4] for k in store.final_keys()} == {"a", "b", "c", "d"}
+    assert {k.variant for k in store.final_keys()} == {"a", "b", "c", "d"}
 
 
 def test_an_interrupted_run_does_not_hide_the_record_before_it(tmp_path):
@@ -67,7 +67,7 @@ def test_an_interrupted_run_does_not_hide_the_record_before_it(tmp_path):
     store.append(make("b", "interrupted", reason="second"))
     latest = store.latest()
     assert latest[make("a").key].median_ms == 1.0 and latest[make("b").key].reason == "second"
-    assert {k[4] for k in store.final_keys()} == {"a"}
+    assert {k.variant for k in store.final_keys()} == {"a"}
 
 
 def test_records_made_before_their_workloads_revision_are_not_final_and_not_current(tmp_path):
@@ -77,7 +77,7 @@ def test_records_made_before_their_workloads_revision_are_not_final_and_not_curr
     for r in (old, new, other):
         store.append(r)
     revised = {"mlp": "2026-11-30T08:00"}
-    assert {(k[0], k[4]) for k in store.final_keys(revised=revised)} == {("mlp", "b"), ("eos_chain", "a")}
+    assert {(k.workload, k.variant) for k in store.final_keys(revised=revised)} == {("mlp", "b"), ("eos_chain", "a")}
     assert current([old, new, other], revised) == [new, other]
 
 
@@ -88,9 +88,10 @@ def test_tensor_parallel_records_made_before_the_harness_fix_are_not_final_and_n
     tp1, tp2_old, tp2_new = make("a", tp=1, env=before), make("b", tp=2, env=before), make("c", tp=2, env=after)
     for r in (tp1, tp2_old, tp2_new):
         store.append(r)
-    assert {k[4] for k in store.final_keys()} == {"a", "c"}
+    assert {k.variant for k in store.final_keys()} == {"a", "c"}
     assert current([tp1, tp2_old, tp2_new], {}) == [tp1, tp2_new]
-    assert f"mlp TP2 (1 records before {TP_REVISED})" in report.revised([tp1, tp2_old, tp2_new], {})
+    assert report.revised([tp1, tp2_old, tp2_new], {}).to_dict("records") == [
+        {"workload": "mlp", "tp": 2, "records": 1, "made before": TP_REVISED}]
 
 
 def test_a_torn_line_is_skipped_not_fatal(tmp_path):
@@ -122,6 +123,6 @@ def test_concurrent_appends_never_interleave(tmp_path):
 def test_session_baselines_are_each_sessions_newest_record_of_the_baseline_but_an_interrupted_one():
     first, failed, later = make(), make(status="failed"), dataclasses.replace(make(), session="s2")
     stopped = dataclasses.replace(make(status="interrupted"), session="s2")
-    k = ("mlp", "eval", 8, "tiny", 0, 1)
-    assert session_baselines([first, make("grace"), failed, later, stopped], "inductor") == {("s", *k): failed,
-                                                                                             ("s2", *k): later}
+    assert session_baselines([first, make("grace"), failed, later, stopped], "inductor") == {
+        first.key.in_session("s"): failed, first.key.in_session("s2"): later}
+    assert first.key.in_session("s") == make("grace").key.in_session("s") != first.key.in_session("s2")

@@ -103,7 +103,7 @@ def test_records_say_whether_inductor_padded_a_misaligned_gemm(tmp_path, monkeyp
     (Bench.diagnostics) from its local benchmark cache."""
     import torch
 
-    from grace.torch_adapter import shape_padding_choices
+    from experiments.instrument import shape_padding_choices
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # a cold cache: the decision is made here
     torch._dynamo.reset()

@@ -1,14 +1,12 @@
 """End to end through the real Hydra config, on whatever machine runs the tests (tiny sizes)."""
 
 import dataclasses
-import logging
 import os
 
 import pytest
 import torch
 
 from experiments import host_profile, stats
-from experiments.records import RecordStore
 from experiments import sweep as sweep_module
 from experiments.sweep import ConfigError, Sweep
 from experiments.worker import WorkerError
@@ -259,7 +257,7 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
 
     monkeypatch.setattr(sweep_module, "Worker", Idle)
     sweep = Sweep(make_cfg("workload=[mlp]", "variant=[inductor,pt2_cg,scg,grace]", "measure.parallel_setup=true"))
-    assert [v.times_itself for v in sweep.variants] == [False, False, True, True]
+    assert [v.uses_scg for v in sweep.variants] == [False, False, True, True]
     workers = {}
     assert sweep._set_up(sweep.entries[0], 0, sweep.variants, workers, "ref.pt", defer=True, started=[],
                          prestarted={}) == []
@@ -350,19 +348,19 @@ def test_a_capture_out_of_memory_fails_the_setup_as_an_out_of_memory(tmp_path, m
     """GraCE runs a partition whose capture ran out of GPU memory without its graph (never the user's
     problem); the harness would then measure a variant without its graphs. Its setup fails instead, as
     out of memory, so the sweep sets it up again on its own (the test above)."""
-    import grace
     from experiments.bench import Bench, Spec
     from experiments.variants import Variant
+    from grace import backend
     from grace.backend import GraphReport, Options
-    from grace.runtime import Stats
+    from grace.runtime import Stats, Status
 
     spec = Spec("mlp", "eval", None, "tiny", Variant("eager"), "cpu", 0, 1, {"bfloat16": 1e-2, "float32": 1e-5}, 3.0)
     reference = str(tmp_path / "reference.pt")
     Bench(spec).reference(reference)
     assert Bench(spec).setup(reference).numerics.passed
     oom = "capture failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB."
-    monkeypatch.setattr(grace, "REPORTS", [GraphReport(0, Options(), partitions=[
-        Stats(0, False, 0), Stats(0, True, 1, status="eager", reason=oom)])])
+    monkeypatch.setattr(backend, "REPORTS", [GraphReport(0, Options(), partitions=[
+        Stats(0, False, 0), Stats(0, True, 1, status=Status.EAGER, reason=oom)])])
     with pytest.raises(torch.OutOfMemoryError, match="GraCE left a partition without a CUDA graph: capture failed") as e:
         Bench(spec).setup(reference)
     assert sweep_module._out_of_memory(f"setup: {type(e.value).__name__}: {e.value}")
@@ -393,7 +391,7 @@ def test_numerics_catch_a_variant_wrong_only_on_the_step_that_records(tmp_path):
 
     torch._dynamo.reset()
     assert setup(Variant("eager")).passed
-    n = setup(Variant("second", compile={"backend": "tests.test_sweep:wrong_on_its_second_call"}))
+    n = setup(Variant("second", compile={"backend": "tests.harness.test_sweep:wrong_on_its_second_call"}))
     assert not n.passed and n.part == "outputs at step 2" and n.detail == "failed: outputs at step 2", n
 
 

@@ -6,12 +6,13 @@ import yaml
 
 from experiments import workloads
 from experiments.task import Task
-from grace.torch_adapter import pytree
+from experiments.instrument import pytree
 
-CONF = Path(__file__).resolve().parent.parent / "conf" / "workload"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "workload"
 CASES = [(name, mode) for name in workloads.names() for mode in workloads.get(name).batch_sizes]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,mode", CASES)
 def test_builds_and_runs_eager_at_tiny_size(name, mode):
     task = Task(workloads.get(name)(mode, size="tiny"), seed=0)
@@ -24,6 +25,7 @@ def test_builds_and_runs_eager_at_tiny_size(name, mode):
         assert all(p.dtype == task.compute_dtype for p in task.model.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, m in CASES if m == "train"])
 def test_train_step_updates_the_weights_and_draws_no_random_numbers(name):
     """Most weights move (HuggingFace heads carry some the loss does not reach, e.g. unused poolers or
@@ -73,6 +75,6 @@ def test_every_workload_config_names_a_workload_and_a_supported_mode(path):
     workloads.get(cfg["name"])(cfg["mode"], cfg["batch"], cfg["size"])
 
 
-def test_readme_lists_every_workload():
-    readme = (CONF.parent.parent / "README.md").read_text()
-    assert [n for n in workloads.names() if f"| `{n}` |" not in readme] == []
+def test_the_workloads_page_lists_every_workload():
+    page = (CONF.parents[1] / "docs" / "workloads.md").read_text()
+    assert [n for n in workloads.names() if f"| `{n}` |" not in page] == []

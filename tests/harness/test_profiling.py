@@ -1,7 +1,7 @@
 import torch
 
 from experiments.profiling import kernel_stats
-from grace.torch_adapter import count_graph_input_copies
+from experiments.instrument import count_graph_input_copies
 
 
 def _ev(cat, name, corr, dur=0.0):
@@ -51,7 +51,7 @@ def test_input_copies_are_counted_in_bytes_and_restored():
 def test_cudagraph_skip_reasons_are_collected():
     import torch._inductor.cudagraph_utils as cudagraph_utils  # only to fake a skip as Inductor logs one
 
-    from grace.torch_adapter import collect_cudagraph_skip_reasons, cudagraph_skips
+    from experiments.instrument import collect_cudagraph_skip_reasons, cudagraph_skips
 
     reasons = collect_cudagraph_skip_reasons()
     before = cudagraph_skips()
@@ -61,7 +61,7 @@ def test_cudagraph_skip_reasons_are_collected():
 
 
 def test_dynamo_stats_say_why_a_frame_runs_eager():
-    from grace.torch_adapter import dynamo_stats
+    from experiments.instrument import dynamo_stats
 
     def decode(x):
         scores = []

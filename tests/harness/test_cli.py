@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # run.py in a process of its own, sweeps in workers
+
 
 def _run(tmp_path, *args, multirun=False):
     return subprocess.run([sys.executable, "run.py", *(["-m"] if multirun else []), f"results_dir={tmp_path}",
