@@ -23,7 +23,7 @@ import pandas as pd
 import seaborn as sns
 
 from experiments import stats, workloads
-from experiments.records import Record, latest, session_baselines, session_key
+from experiments.records import Record, latest, session_baselines
 
 TP_EXPERIMENT = "tp"  # conf/experiment/tp.yaml: the records of Fig 11
 KEY = ["workload", "mode", "batch", "size", "variant", "run", "tp"]
@@ -45,12 +45,12 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
     anchors = {k: r for k, r in session_baselines(records, BASELINE).items() if r.status == "ok"}
     newest = latest(records)
     for r in list(newest.values()):
-        if r.variant == baseline_beside and (anchor := anchors.get(session_key(r.session, r.key))):
+        if r.variant == baseline_beside and (anchor := anchors.get(r.key.in_session(r.session))):
             newest[anchor.key] = anchor
     rows = []
     for r in newest.values():
         k = r.kernels
-        anchor = anchors.get(session_key(r.session, r.key))
+        anchor = anchors.get(r.key.in_session(r.session))
         rows.append({
             "workload": r.workload, "mode": r.mode, "batch": r.batch, "size": r.size, "variant": r.variant,
             "run": r.run, "tp": r.tp, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,

@@ -87,7 +87,7 @@ class Record:
     # variant's started together, beside the numerics reference
     setup_s: float | None = None  # from asking its worker (with others: the group's) to set up to the answer:
     # build_s + compile_s + warmup_s + check_s and what passes between processes. Records without start_s
-    # (before 2026-12-01) count from starting the worker, one after another, so their worker's start too
+    # count from starting the worker, so their worker's start too
     iter_ms: list[list[float]] = field(default_factory=list)  # wall time per timed iteration, per round
     median_ms: float | None = None  # TP: of each iteration's slowest rank (rank_median_ms: each rank's own)
     rank_median_ms: list[float] | None = None  # TP: each rank's median over its own timed iterations
@@ -125,8 +125,8 @@ class Record:
         return self.set_up_beside == 0 if self.set_up_beside is not None else self.measure.get("parallel_setup") is False
 
     @property
-    def key(self) -> tuple:
-        return key(self.workload, self.mode, self.batch, self.size, self.variant, self.run, self.tp)
+    def key(self) -> Selection:
+        return Selection(self.workload, self.mode, self.batch, self.size, self.variant, self.run, self.tp)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -143,38 +143,50 @@ class Record:
         return cls(**d)
 
 
-def key(workload: str, mode: str, batch: int, size: str, variant: str, run: int, tp: int = 1) -> tuple:
-    return (workload, mode, batch, size, variant, run, tp)
+@dataclass(frozen=True)
+class Selection:
+    """What one record measured: a variant of one workload (mode, batch, size), the run, the TP degree.
+    The newest record of each is the one that counts (latest)."""
+    workload: str
+    mode: str
+    batch: int | None
+    size: str
+    variant: str
+    run: int = 0
+    tp: int = 1
+
+    @property
+    def entry(self) -> tuple[str, str, int | None, str]:
+        """The workload as configured: what figures.label names."""
+        return self.workload, self.mode, self.batch, self.size
+
+    def in_session(self, session: str) -> tuple:
+        """This workload's run in `session`, whatever the variant: what its variants are compared within."""
+        return (session, dataclasses.replace(self, variant=""))
 
 
-def latest(records: Iterable[Record]) -> dict[tuple, Record]:
+def latest(records: Iterable[Record]) -> dict[Selection, Record]:
     """The newest record per key (records oldest first). An `interrupted` record (the sweep's time ran out
     mid-workload) says nothing about the variant, so it does not hide the record before it."""
-    newest: dict[tuple, Record] = {}
+    newest: dict[Selection, Record] = {}
     for r in records:
         if r.status != "interrupted" or newest.get(r.key, r).status == "interrupted":
             newest[r.key] = r
     return newest
 
 
-def session_key(session: str, k: tuple) -> tuple:
-    """A record key (records.key) without its variant, in `session`: one run of a workload in one session."""
-    return (session, *k[:4], *k[5:])
-
-
 def session_baselines(records: Iterable[Record], baseline: str) -> dict[tuple, Record]:
-    """Per session_key, the newest record of the `baseline` variant in that session (an `interrupted` one
-    passed over): what the session's other variants are compared with."""
+    """Per Selection.in_session, the newest record of the `baseline` variant in that session (an
+    `interrupted` one passed over): what the session's other variants are compared with."""
     newest = {}
     for r in records:  # oldest first
         if r.variant == baseline and r.status != "interrupted":
-            newest[session_key(r.session, r.key)] = r
+            newest[r.key.in_session(r.session)] = r
     return newest
 
 
 # Tensor-parallel records (tp > 1) made before this date were slowed by the harness: another variant's idle
-# rank, waiting for its next command in an NCCL broadcast, kept a kernel spinning on the timed rank's GPU
-# (experiments/tp_bench.py; on two H200s DALLE2 at TP2 took 12.1 ms then, 5.3 after).
+# rank kept a kernel spinning on the timed rank's GPU (experiments/tp_bench.py, docs/harness.md).
 TP_REVISED = "2026-12-01T00:27"
 
 
@@ -221,10 +233,10 @@ class RecordStore:
                 log.warning("%s:%d: unreadable record skipped (%s)", self.path, n, e)
         return records
 
-    def latest(self) -> dict[tuple, Record]:
+    def latest(self) -> dict[Selection, Record]:
         return latest(self.load())
 
-    def final_keys(self, revised: Mapping[str, str] | None = None, alone: bool = False) -> set[tuple]:
+    def final_keys(self, revised: Mapping[str, str] | None = None, alone: bool = False) -> set[Selection]:
         """Keys a rerun leaves alone: measured (ok, mismatch) or skipped (the machine lacks what the variant
         needs: the records are per device); of a workload in `revised` (name -> date of its revision), and
         at tp > 1, only those recorded since valid_since; with `alone`, only measurements set up with the

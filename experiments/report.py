@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,9 +12,8 @@ import pandas as pd
 
 from experiments import stats
 from experiments.figures import BASELINE, frame, json_lines, label, speedups
-from experiments.records import TP_REVISED, Record, latest, valid_since
+from experiments.records import Record, latest, valid_since
 
-README_BEGIN, README_END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def _markdown(table: pd.DataFrame, floatfmt) -> str:
@@ -23,7 +21,7 @@ def _markdown(table: pd.DataFrame, floatfmt) -> str:
     missing value stays empty."""
     levels = table.index.nlevels
     formats = ("",) * levels + tuple(floatfmt) if isinstance(floatfmt, tuple) else floatfmt
-    if levels == 1:
+    if levels == 1 and table.index.name is None:
         table = table.rename_axis("workload")
     cells = table.astype(object).where(table.notna(), None).reset_index()
     return cells.to_markdown(index=False, floatfmt=formats, missingval="")
@@ -89,74 +87,133 @@ def _values(df: pd.DataFrame, column: str) -> str:
     return ", ".join(sorted({str(v) for v in df[column].dropna()})) or "unknown"
 
 
-def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> str:
-    """The results section: per-workload latency, speedup over `inductor` and distance from the GPU
-    floor (iteration time over GPU kernel time, same record); geomeans; the paper's benefit ratio;
-    slowdowns; and the environment the numbers come from."""
+def _paper_speedups(records: Sequence[Record], variants: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The records' frame (the baseline's session: that of the last variant), its ok rows of the baseline
+    and `variants`, and their speedups over the paper's workloads (acronyms): the headline numbers are over those, as the
+    paper's are; the extra and smoke workloads stay in the per-workload table."""
     df = frame(records, baseline_beside=variants[-1])  # the medians and floors of the baseline beside GraCE
     used = df[(df["status"] == "ok") & df["variant"].isin([BASELINE, *variants])]
-    if used.empty:
-        return "No GPU records yet.\n"
-    med = used.pivot_table(index="label", columns="variant", values="median_ms").reindex(
-        columns=[BASELINE, *variants])
+    speed = speedups(df, list(variants))
+    return df, used, speed.loc[speed.index.isin(used.loc[used["paper"], "label"])]
+
+
+def per_workload(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> pd.DataFrame:
+    """Per workload: each variant's median, speedup over the baseline, and time over GPU kernel time."""
+    df, used, _ = _paper_speedups(records, variants)
+    columns = [BASELINE, *variants]
+    med = used.pivot_table(index="label", columns="variant", values="median_ms").reindex(columns=columns)
     floor = (used.assign(ratio=used["median_ms"] / used["gpu_kernel_ms"])
-             .pivot_table(index="label", columns="variant", values="ratio").reindex(columns=[BASELINE, *variants]))
+             .pivot_table(index="label", columns="variant", values="ratio").reindex(columns=columns))
     speed = speedups(df, list(variants)).reindex(med.index)
     table = pd.concat({"median ms": med, f"speedup over {BASELINE}": speed, "time / GPU time": floor}, axis=1)
     table.columns = [f"{v} {what}" for what, v in table.columns]
-    lines = [_markdown(table, ".3g"), ""]
-    # The headline numbers are over the paper's workloads as it ran them (acronyms), as its own are; the
-    # extra and smoke workloads stay in the table and in the within-3 % bar.
-    paper = speed.loc[speed.index.isin(used.loc[used["paper"], "label"])]
+    return table.rename_axis("workload")
+
+
+def geomeans(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> pd.DataFrame:
+    """Per variant, over the paper's workloads it has: how many, the geomean speedup over the baseline,
+    and those slower than the baseline; and the benefit ratio (speedup - 1) of the last variant over the
+    first over the workloads with both (the paper reports more than 2)."""
+    _, _, paper = _paper_speedups(records, variants)
+    rows = {}
     for v in variants:
-        got = paper[v].dropna()
-        if not len(got):
-            lines.append(f"- {v}: not measured yet on the paper's workloads.")
-            continue
-        slower = ", ".join(got[got < 1].index) or "none"
-        lines.append(f"- {v}: geomean speedup over {BASELINE} {stats.geomean(got.tolist()):.3g} over {len(got)} "
-                     f"of the paper's workloads; slower than {BASELINE} on: {slower}.")
-    first, last = variants[0], variants[-1]
-    lines.append(_within_best_stock(used, med, first, last))
-    both = paper[[first, last]].dropna()
+        got = paper[v].dropna() if v in paper else pd.Series(dtype=float)
+        rows[v] = {"workloads": len(got), "geomean speedup": stats.geomean(got.tolist()) if len(got) else None,
+                   f"slower than {BASELINE}": ", ".join(got[got < 1].index)}
+    table = pd.DataFrame(rows).T
+    both = paper[[variants[0], variants[-1]]].dropna() if set(variants) <= set(paper) else pd.DataFrame()
+    table["benefit ratio"] = None
     if len(both):
-        g_first, g_last = stats.geomean(both[first].tolist()), stats.geomean(both[last].tolist())
-        lines.append(f"- Benefit ratio (speedup - 1) of {last} over {first}, over the {len(both)} paper workloads with "
-                     f"both: {(g_last - 1) / (g_first - 1):.3g} (the paper reports more than 2).")
-    else:
-        lines.append(f"- Benefit ratio of {last} over {first}: not measurable yet (no paper workload has both).")
-    lines.append(_scg_agreement(records))
-    lines.append(_unmeasured(df, [BASELINE, *variants]))
-    starved = df[(df["status"] == "ok") & df["not_captured"].str.contains("OutOfMemoryError", na=False)]
-    if len(starved):
-        lines.append("- Measured with partitions left without graphs because a capture ran out of GPU memory (beside "
-                     "the other variants' workers; a sweep now sets such a variant up again on its own): "
-                     + ", ".join(f"{w} ({', '.join(g['variant'])})" for w, g in starved.groupby("label")) + ".")
-    alone = used.groupby("label")["set_up_alone"].all()
-    if not alone.all():
-        lines.append(f"- Every variant set up with the GPU to itself: {', '.join(alone[alone].index) or 'none'}. In the other "
-                     f"{(~alone).sum()} workloads some were set up beside other variants' compiling workers "
-                     "(measure.parallel_setup), so that Inductor's choices by timing at compile time may differ between "
-                     "their variants; a sweep measures those again.")
-    ok = df[(df["status"] == "ok") & (df["variant"] != "eager")]  # eager: in no figure (the smoke experiment's)
-    anchored = ok["baseline_ms"].notna().groupby(ok["label"]).all().loc[lambda a: a].index  # each with its session's
-    parts = ok.groupby("label")["session"].nunique().loc[lambda n: n > 1].index.intersection(anchored)
-    if len(parts):
-        lines.append(f"- Variants from more than one session, each session with its own run of {BASELINE}, which its "
-                     f"variants' speedups are taken against (measured by more than one experiment): {', '.join(parts)}.")
-    sessions = used.groupby("label")["session"].nunique()
-    across = sessions[sessions > 1].index.difference(anchored)
-    if len(across):
-        lines.append("- Variants compared across sessions (so across machines, and outside one interleaved run; a sweep "
-                     f"measures them again together): {', '.join(across)}.")
-    by_commit = used.assign(commit=used["git_commit"].fillna("unknown").str[:7]).groupby("commit")["label"]
-    lines.append("- Code each workload's records ran: " + "; ".join(
-        f"{commit}: {', '.join(sorted(set(labels)))}" for commit, labels in by_commit) + ".")
-    lines.append(f"- Measured on {_values(used, 'gpu')}, driver {_values(used, 'driver')}, torch "
-                 f"{_values(used, 'torch')}, triton {_values(used, 'triton')}, "
-                 f"between {used['date'].min()} and {used['date'].max()}; host CPUs (recorded since 2026-12-01): "
-                 f"{_values(used, 'cpu')}.")
-    return "\n".join(lines) + "\n"
+        g_first, g_last = stats.geomean(both[variants[0]].tolist()), stats.geomean(both[variants[-1]].tolist())
+        table.loc[variants[-1], "benefit ratio"] = (g_last - 1) / (g_first - 1)
+    table.index.name = "variant"
+    return table
+
+
+def within_best_stock(records: Sequence[Record], stock: str = "pt2_cg", ours: str = "grace",
+                      margin: float = 1.03) -> pd.DataFrame:
+    """Per workload with both, `ours` over the faster of BASELINE and `stock`: the ratio of medians, the
+    range of per-round ratios (taken within a round, where both ran back to back: a miss in every round
+    is one beyond the run's noise), how much of the gap is GPU time, and whether any variant replayed a
+    CUDA graph (none: the same code ran in all, the difference is noise)."""
+    _, used, _ = _paper_speedups(records, (stock, ours))
+    med = used.pivot_table(index="label", columns="variant", values="median_ms").reindex(columns=[BASELINE, stock, ours])
+    ratio = (med[ours] / med[[BASELINE, stock]].min(axis=1, skipna=False)).dropna()
+    graphless = set(used.groupby("label")["graphs"].max().loc[lambda g: g == 0].index)
+    rounds = {(row.label, row.variant): row.round_ratios for row in used.itertuples()}
+    gpu = dict(zip(zip(used["label"], used["variant"]), used["gpu_kernel_ms"].astype(float)))
+    rows = {}
+    for w, r in ratio.items():
+        best = BASELINE if med.loc[w, BASELINE] <= med.loc[w, stock] else stock
+        per_round = _per_round(rounds.get((w, ours)), None if best == BASELINE else rounds.get((w, best)))
+        rows[w] = {"ratio": r, "best stock": best,
+                   "per round min": min(per_round) if per_round else None,
+                   "per round max": max(per_round) if per_round else None,
+                   "gap ms": med.loc[w, ours] - med.loc[w, best], "GPU gap ms": gpu[w, ours] - gpu[w, best],
+                   f"within {100 * (margin - 1):.0f} %": r <= margin,
+                   "slower every round": bool(per_round) and min(per_round) > margin,
+                   "graphs": w not in graphless}
+    return pd.DataFrame(rows).T.rename_axis("workload")
+
+
+def caveats(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> pd.DataFrame:
+    """Per workload, what a reader must know about its records: sessions and commits they come from,
+    whether every variant was set up with the GPU to itself, variants whose captures ran out of memory,
+    and the newest records that are not ok (status and first line of the reason)."""
+    df, used, _ = _paper_speedups(records, variants)
+    shown = df[df["variant"].isin([BASELINE, *variants])]
+    bad = shown[shown["status"] != "ok"]
+    starved = used[used["not_captured"].str.contains("OutOfMemoryError", na=False)]
+    table = pd.DataFrame({
+        "sessions": shown.groupby("label")["session"].nunique(),
+        "commits": used.assign(c=used["git_commit"].fillna("unknown").str[:7]).groupby("label")["c"].agg(
+            lambda c: ", ".join(sorted(set(c)))),
+        "set up alone": used.groupby("label")["set_up_alone"].all(),
+        "capture out of memory": starved.groupby("label")["variant"].agg(", ".join),
+        "not ok": bad.assign(w=bad["variant"] + ": " + bad["status"] + ": "
+                             + bad["reason"].fillna("").str.split("\n").str[0].str.slice(0, 120))
+                     .groupby("label")["w"].agg("; ".join),
+    })
+    return table.rename_axis("workload").sort_index()
+
+
+def environment(records: Sequence[Record]) -> pd.DataFrame:
+    """Where the numbers come from: each distinct GPU, driver, torch, triton and host, with the dates."""
+    df = frame(records)
+    ok = df[df["status"] == "ok"]
+    keys = ["gpu", "driver", "torch", "triton", "cpu"]
+    return (ok.fillna({k: "unknown" for k in keys}).groupby(keys)["date"].agg(["min", "max", "count"])
+            .rename(columns={"min": "first", "max": "last", "count": "records"}))
+
+
+def scg_decisions(records: Sequence[Record]) -> pd.DataFrame:
+    """SCG's decisions in the latest ok record of every variant with SCG on: by choice, settled by the
+    cost model alone, timed, and on those timed how often the model had predicted the timing's choice
+    (ties followed the model), and the same for timings taken with no other variant setting up."""
+    ok = [r for r in latest(records).values() if r.status == "ok" and r.grace and r.grace.get("scg")]
+    decisions = [(r, d) for r in ok for d in r.grace["scg"]["decisions"]]
+    timed = [(r, d) for r, d in decisions if d["measured_us"] is not None]
+    alone = [d for r, d in timed if r.set_up_alone]
+    chosen = Counter(d["choice"] for _, d in decisions)
+    row = {"decisions": len(decisions), **{c: chosen.get(c, 0) for c in ("graph", "graph_pi", "eager")},
+           "by the model": len(decisions) - len(timed), "timed": len(timed),
+           "model agreed": sum(bool(d["agreed"]) for _, d in timed), "ties": sum(bool(d.get("tied")) for _, d in timed),
+           "timed alone": len(alone), "model agreed alone": sum(bool(d["agreed"]) for d in alone)}
+    return pd.DataFrame([row])
+
+
+def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> str:
+    """The results section: the tables above, in markdown."""
+    if not any(r.status == "ok" and r.variant in (BASELINE, *variants) for r in records):
+        return "No GPU records yet.\n"
+    parts = [("Per workload", _markdown(per_workload(records, variants), ".3g")),
+             ("Over the paper's workloads", _markdown(geomeans(records, variants), ".3g")),
+             (f"{variants[-1]} against the faster of {BASELINE} and {variants[0]}",
+              _markdown(within_best_stock(records, variants[0], variants[-1]), ".3g")),
+             ("SCG's decisions", scg_decisions(records).to_markdown(index=False)),
+             ("The records", _markdown(caveats(records, variants), "")),
+             ("Environment", environment(records).reset_index().to_markdown(index=False))]
+    return "\n".join(f"\n### {title}\n\n{table}\n" for title, table in parts)
 
 
 def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> str:
@@ -169,7 +226,7 @@ def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace
     rows = {}
     for r in chosen.values():
         if r.variant in (aa, *variants) and r.status == "ok" and r.speedup_ci:
-            row = rows.setdefault(label(r.workload, r.mode, r.batch, r.size), {})
+            row = rows.setdefault(label(*r.key.entry), {})
             lo, hi = r.speedup_ci
             verdict = "" if r.variant == aa else f" {stats.verdict(r.speedup_ci)}"
             row[r.variant] = f"{r.speedup:.3f} [{lo:.3f}, {hi:.3f}]{verdict}"
@@ -184,60 +241,14 @@ def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace
             "loss only where its interval excludes 1.\n\n" + table.to_markdown() + "\n")
 
 
-def revised(records: Sequence[Record], revisions: Mapping[str, str]) -> str:
-    """A line naming, per workload (and tensor-parallel degree above 1), the records left out as made
-    before its last revision or the tensor-parallel harness's (records.valid_since)."""
+def revised(records: Sequence[Record], revisions: Mapping[str, str]) -> pd.DataFrame:
+    """The records left out, per workload and tensor-parallel degree, as made before the workload's last
+    revision or, above TP1, before the harness's TP fix (records.valid_since): they measured another
+    program; a sweep measures them again."""
     since = ((r, valid_since(r, revisions)) for r in records)
     out = Counter((r.workload, r.tp, d) for r, d in since if r.env.get("date", "") < d)
-    if not out:
-        return ""
-    return ("- Left out, as made before their workload's last revision or, at TP above 1, before the harness's "
-            f"TP fix of {TP_REVISED} (they measured another program, or ran beside another variant's NCCL "
-            "kernel; a sweep measures them again): "
-            + "; ".join(f"{w}{f' TP{tp}' if tp > 1 else ''} ({n} records before {d})"
-                        for (w, tp, d), n in sorted(out.items())) + ".\n")
-
-
-def _unmeasured(df: pd.DataFrame, variants: Sequence[str], width: int = 140) -> str:
-    """Why a cell of the table is empty: each workload whose newest record of a variant is not ok, with
-    the status and the reason's first line."""
-    bad = df[(df["status"] != "ok") & df["variant"].isin(variants)]
-    if bad.empty:
-        return f"- Every workload's newest records of {', '.join(variants)} are ok."
-    why = bad.assign(why=bad["status"] + ": " + bad["reason"].fillna("").str.split("\n").str[0].str.slice(0, width))
-    items = [f"{lab} ({', '.join(g['variant'])}: {reason})"
-             for (lab, reason), g in why.groupby(["label", "why"], sort=True)]
-    return f"- Newest record not ok, so not in the table: {'; '.join(items)}."
-
-
-def _within_best_stock(used: pd.DataFrame, med: pd.DataFrame, stock: str, ours: str, margin: float = 1.03) -> str:
-    """Issue 6's bar: `ours` at most `margin` x the faster of BASELINE and `stock`, per workload; each
-    workload that misses it is named with its per-round ratios (taken within a round, where both ran
-    back to back: a miss in every round is one beyond the run's noise), and said so where no variant
-    replayed a CUDA graph (the same code ran in all of them: the difference is noise)."""
-    ratio = (med[ours] / med[[BASELINE, stock]].min(axis=1, skipna=False)).dropna()
-    if not len(ratio):
-        return f"- {ours} within {100 * (margin - 1):.0f} % of the faster of {BASELINE} and {stock}: not measurable yet."
-    graphless = set(used.groupby("label")["graphs"].max().loc[lambda g: g == 0].index)
-    rounds = {(row.label, row.variant): row.round_ratios for row in used.itertuples()}
-    gpu = dict(zip(zip(used["label"], used["variant"]), used["gpu_kernel_ms"].astype(float)))
-    over, steady = [], []
-    for w, r in ratio.items():
-        if r <= margin:
-            continue
-        best = BASELINE if med.loc[w, BASELINE] <= med.loc[w, stock] else stock
-        per_round = _per_round(rounds.get((w, ours)), None if best == BASELINE else rounds.get((w, best)))
-        if per_round and min(per_round) > margin:
-            steady.append(w)
-        spread = f", per round {min(per_round):.2f}-{max(per_round):.2f}" if per_round else ""
-        # where the gap lies: the GPU's kernels (same profiler, same run), or the rest (the host's work)
-        gpu_gap = gpu[w, ours] - gpu[w, best]  # NaN where either was not profiled
-        where = (f"; GPU time {gpu_gap:+.3g} of the {med.loc[w, ours] - med.loc[w, best]:+.3g} ms"
-                 if not math.isnan(gpu_gap) else "")
-        over.append(f"{w} ({r:.2f}x{spread}{where}{', no CUDA graph in any variant' if w in graphless else ''})")
-    return (f"- {ours} within {100 * (margin - 1):.0f} % of the faster of {BASELINE} and {stock} on "
-            f"{len(ratio) - len(over)} of {len(ratio)} workloads; not on: {', '.join(over) or 'none'}. "
-            f"Slower by more than {100 * (margin - 1):.0f} % in every round: {', '.join(steady) or 'none'}.")
+    return pd.DataFrame([{"workload": w, "tp": tp, "records": n, "made before": d} for (w, tp, d), n in sorted(out.items())],
+                        columns=["workload", "tp", "records", "made before"])
 
 
 def _per_round(ours: list[float] | None, best: list[float] | None) -> list[float] | None:
@@ -248,38 +259,12 @@ def _per_round(ours: list[float] | None, best: list[float] | None) -> list[float
     return list(ours) if best is None else [o / b for o, b in zip(ours, best)]
 
 
-def _scg_agreement(records: Sequence[Record]) -> str:
-    """How SCG decided, over the latest ok record of every variant with SCG on: decisions by choice,
-    how many the cost model settled alone, and on those it left to timing, how often it had predicted
-    what the timing chose."""
-    ok = [r for r in latest(records).values() if r.status == "ok" and r.grace and r.grace.get("scg")]
-    decisions = [(r, d) for r in ok for d in r.grace["scg"]["decisions"]]
-    if not decisions:
-        return "- SCG: no decisions recorded yet."
-    timed = [(r, d) for r, d in decisions if d["measured_us"] is not None]
-    measured = [d for _, d in timed]
-    alone = [d for r, d in timed if r.set_up_alone]
-    chosen = Counter(d["choice"] for _, d in decisions)
-    return (f"- SCG: {len(decisions)} decisions ({', '.join(f'{n} {c}' for c, n in sorted(chosen.items()))}); "
-            f"{len(decisions) - len(measured)} settled by the cost model alone, {len(measured)} timed, and on those "
-            f"the model had predicted the timed choice {sum(bool(d['agreed']) for d in measured)} times"
-            f"{_ties(measured)}. Of the timings, {len(alone)} were taken with no other variant setting up on the GPU "
-            f"(the model agreed on {sum(bool(d['agreed']) for d in alone)}); the others, beside compiling workers, "
-            f"can be off by more than the candidates differ.")
-
-
-def _ties(measured: list[dict]) -> str:
-    """Timings whose rounds split between candidates, so that the model chose (recorded since `tied` was)."""
-    ties = sum(bool(d.get("tied")) for d in measured)
-    return f" ({ties} timings could not tell the fastest apart and followed the model)" if ties else ""
-
-
 def spread(records: Iterable[Record]) -> str:
     """Run-to-run spread: each (workload, variant) measured two or more times by the same code (runs of
     experiment=spread, or a sweep that measured it again), each measurement's median and
     (max - min) / min, so a reader knows which differences are noise. Per (workload, variant), the newest
     commit measured more than once."""
-    rows = [{"label": label(r.workload, r.mode, r.batch, r.size), "variant": r.variant, "tp": r.tp,
+    rows = [{"label": label(*r.key.entry), "variant": r.variant, "tp": r.tp,
              "commit": r.env.get("git_commit", "")[:7], "date": r.env.get("date", ""), "run": r.run,
              "median_ms": r.median_ms}
             for r in records if r.status == "ok" and r.median_ms is not None]
@@ -299,18 +284,17 @@ def spread(records: Iterable[Record]) -> str:
     table["commit"] = commit.reindex(table.index)
     table.index = [f"{lab} / {variant}" for lab, variant in table.index]
     return ("\n### Run-to-run spread\n\nThe same workload, variant and code measured again by fresh processes "
-            f"(median of each measurement, oldest first); over these, the spread is {table['spread %'].median():.3g} % "
-            f"at the median and {table['spread %'].max():.3g} % at most.\n\n"
-            + _markdown(table, ".3g") + "\n")
+            "(median of each measurement, oldest first).\n\n" + _markdown(table, ".3g") + "\n")
 
 
-def splice(text: str, into: Path) -> None:
-    """Put `text` between the results markers of `into` (the README), leaving the rest as it is."""
+def splice(text: str, into: Path, section: str = "results") -> None:
+    """Put `text` between the `section` markers of `into` (the README), leaving the rest as it is."""
+    begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
     doc = into.read_text()
-    if README_BEGIN not in doc or README_END not in doc:
-        raise ValueError(f"{into} has no {README_BEGIN} ... {README_END} markers")
-    pattern = re.compile(re.escape(README_BEGIN) + ".*?" + re.escape(README_END), re.S)
-    into.write_text(pattern.sub(lambda _: f"{README_BEGIN}\n{text}{README_END}", doc))
+    if begin not in doc or end not in doc:
+        raise ValueError(f"{into} has no {begin} ... {end} markers")
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    into.write_text(pattern.sub(lambda _: f"{begin}\n{text}{end}", doc))
 
 
 def _diff(rows: dict[tuple, dict[str, float]], columns: list[str], a: str, b: str) -> str:
@@ -328,7 +312,7 @@ def kernel_diff(records: Iterable[Record], workload: str, a: str, b: str) -> str
     a graph), us per iteration; the GEMMs Inductor padded in one and not the other; on the host, where both
     records have it, per part of the stack (experiments/host_profile.py). The largest differences first."""
     newest = {r.variant: r for r in latest(records).values()
-              if label(r.workload, r.mode, r.batch, r.size) == workload and r.tp == 1 and r.run == 0}
+              if label(*r.key.entry) == workload and r.tp == 1 and r.run == 0}
     missing = [v for v in (a, b) if v not in newest or not (newest[v].kernels and newest[v].kernels.top)]
     if missing:
         return f"{workload}: no kernel table recorded for {', '.join(missing)}.\n"

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from experiments import environment, stats, workloads
 from experiments.bench import Round, Setup, Spec
-from experiments.records import Record, RecordStore, key
+from experiments.records import Record, RecordStore, Selection
 from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
 
@@ -83,7 +83,7 @@ def _rank_medians(rounds: list[Round]) -> list[float] | None:
 def _closing(workers: list[Worker]) -> Iterator[list[Worker]]:
     """Close `workers` (those added inside the block too) on the way out; at once if the sweep is being
     stopped from outside (SIGINT), so that its records still get written: a worker may be stuck in a
-    collective its peers left (on two H200s a TP worker stuck in NCCL held the sweep until the call's kill)."""
+    collective its peers left (a TP worker stuck in NCCL would hold the sweep)."""
     stopping = False
     try:
         yield workers
@@ -91,7 +91,7 @@ def _closing(workers: list[Worker]) -> Iterator[list[Worker]]:
         stopping = True
         raise
     finally:
-        for worker in workers:  # all asked first: one by one, DLRM's eight took 26 s to close at ba21fa4
+        for worker in workers:  # all asked first, so that they exit side by side
             worker.ask_to_close()
         for worker in workers:
             worker.close(wait_s=0 if stopping else 60)
@@ -131,7 +131,7 @@ class Sweep:
         newest = self.store.latest()
         for entry in tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload"):
             for run in range(self.cfg.runs):
-                keys = [key(entry.name, entry.mode, entry.batch, entry.size, v.name, run, self.cfg.tp) for v in self.variants]
+                keys = [Selection(entry.name, entry.mode, entry.batch, entry.size, v.name, run, self.cfg.tp) for v in self.variants]
                 if all(k in done for k in keys) and len({newest[k].session for k in keys}) == 1:
                     log.info("%s run %d: already recorded", entry.name, run)
                     continue
@@ -165,7 +165,7 @@ class Sweep:
         m = self.measure
         return Spec(entry.name, entry.mode, entry.batch, entry.size, variant, self.env.device, m.seed, m.warmup,
                     OmegaConf.to_container(m.tolerance.floor), m.tolerance.multiplier, self.cfg.tp,
-                    m.compile_optimizer, tuple(m.timing_cpus))
+                    m.compile_optimizer, tuple(m.timing_cpus), m.cold_caches)
 
     def _measure(self, entry: Entry, run: int, variants: list[Variant]) -> None:
         start = self._started = time.monotonic()
@@ -180,8 +180,7 @@ class Sweep:
         try:
             with tempfile.TemporaryDirectory(prefix="grace-reference-") as folder, _closing([]) as early:
                 # Every variant's worker starts now, beside the reference's: their imports and CUDA contexts
-                # are then paid for side by side, before the first setup (each took 18-21 s of DR-I's 22 s
-                # setups at ab26239, one after another, against 3 s of compiling).
+                # are then paid for side by side, before the first setup, not inside each setup one by one.
                 early += [Worker(self._spec(entry, v), self.measure.timeout_s) for v in available]
                 prestarted = dict(zip((v.name for v in available), early))
                 reference = self._reference(entry, run, available, os.path.join(folder, "reference.pt"))
@@ -253,16 +252,14 @@ class Sweep:
         adding those that succeed to `workers`: one after another, so that compile latencies do not
         overlap, or all at once (measure.parallel_setup). Those
         that time themselves while setting up (SCG) are set up one at a time after the others, on a GPU no
-        other worker is using: at 09e16c1 XLNET-T's SCG timed its backward beside seven compiling workers
-        (its graph's rounds 57-73 ms for 39 ms of kernels), kept it without a graph, and measured 6 % slower
-        than with one. A variant that ran out of GPU memory while others set up beside it is set up again
+        other worker is using: timings taken beside compiling workers choose wrong (docs/harness.md). A variant that ran out of GPU memory while others set up beside it is set up again
         on its own afterwards; with `defer`, one that ran out of memory on its own beside the workers set up
-        already is returned, unrecorded, for a group of its own (BlenderbotSmall's eight training variants
-        do not fit on one H200 together)."""
+        already is returned, unrecorded, for a group of its own (a large training workload's variants may not
+        fit on one GPU together)."""
         m = self.measure
         deferred = []
         if m.parallel_setup:
-            alone = [v for v in variants if v.times_itself]
+            alone = [v for v in variants if v.uses_scg]
             groups = [[v for v in variants if v not in alone]] + [[v] for v in alone]
         else:
             groups = [[v] for v in variants]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments import figures, report, workloads  # noqa: E402
-from experiments.records import RecordStore, current  # noqa: E402
+from experiments import cuda_tests, figures, report, workloads  # noqa: E402
+from experiments.records import current  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -41,10 +41,15 @@ def main(argv=None) -> int:
         print(report.write_replay_overhead(replays, args.out))
     for sizes in sorted(args.results.glob(f"pi_microbench/{args.device}/sizes.jsonl")):
         print(figures.pi_microbench_figure(sizes, args.out))
-    results = (report.summary(single) + report.noise(single) + report.revised(every, revised)
-               + report.spread(figures.single_gpu(records)))
+    left_out = report.revised(every, revised)
+    results = (report.summary(single) + report.noise(single) + report.spread(figures.single_gpu(records))
+               + ("\n### Left out: made before their workload's last revision\n\n" + left_out.to_markdown(index=False)
+                  + "\n" if len(left_out) else ""))
     (args.out / "results.md").write_text(results)
     report.splice(results, args.readme)
+    runs = args.results / "cuda_tests" / args.device / "runs.jsonl"
+    if "<!-- cuda-tests:begin -->" in args.readme.read_text():
+        report.splice(cuda_tests.status(runs), args.readme, "cuda-tests")
     print(args.out / "results.md", "and", args.readme)
     return 0
 
