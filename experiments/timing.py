@@ -1,6 +1,6 @@
 """Wall-clock timing of iterations, and the two readings that say how fast the host and GPU were then.
 
-On the H200 machine the host's launch cost moves by up to 2x within seconds (DESIGN.md), so each timed
+The host's launch cost drifts within seconds (docs/harness.md), so each timed
 round carries a launch-cost calibration taken right after it, and the SM clock.
 """
 

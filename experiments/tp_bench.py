@@ -6,10 +6,8 @@ iteration's time is the slowest rank's.
 
 Commands and results go between the ranks over a gloo group, on the host; the model's sums use NCCL.
 A rank waiting for its next command in an NCCL broadcast keeps a kernel spinning on its GPU, and the
-sweep keeps every variant's worker alive while it times one: on two H200s the idle variant's rank 1 held
-such a kernel on GPU 1 while the timed variant ran there, the GPU switched between the two processes,
-and the timed rank 0 waited in each all-reduce for its slowed rank 1 (VM at TP2: 761 ms an iteration,
-619 of them in its one all-reduce; 69 ms at TP1).
+sweep keeps every variant's worker alive while it times one: an idle variant's rank would hold such a
+kernel on the GPU the timed variant runs on, and slow every all-reduce of the timed one (docs/harness.md).
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ import torch.distributed as dist
 from experiments.bench import Bench, Spec
 
 
-# A rank waits for its next command while the sweep sets up and times other variants (VM's set-up alone
-# took 322 s); rank 0's exit ends the wait sooner (gloo's connection closes).
+# A rank waits for its next command while the sweep sets up and times other variants (minutes, for the
+# largest); rank 0's exit ends the wait sooner (gloo's connection closes).
 COMMAND_WAIT = datetime.timedelta(hours=6)
 
 

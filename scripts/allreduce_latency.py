@@ -1,6 +1,5 @@
 """Time of one all-reduce between the machine's GPUs, by size, launched one by one and replayed from a CUDA
-graph: what a tensor-parallel iteration pays per sum (Fig 11; DALLE2 at TP2 spent 8.5 of its 11.9 ms of
-GPU time per iteration in 70 all-reduces on two H200s).
+graph: what a tensor-parallel iteration pays per sum (Fig 11).
 
     python scripts/allreduce_latency.py [--out results/allreduce_latency] [--calls 50] [--rounds 5]
 
@@ -46,8 +45,7 @@ def measure(rank: int, world: int, init: str, sizes: list[int], calls: int, roun
                 results[nbytes] = times
     finally:
         # Only once each size's graph is freed (on _time_size's return): NCCL counts the CUDA graphs that
-        # captured its collectives, and destroying a communicator waits until none is left (pytorch#115388);
-        # on two H200s this script hung here while the last size's graph was still referenced.
+        # captured its collectives, and destroying a communicator waits until none is left (pytorch#115388).
         dist.destroy_process_group()
 
 

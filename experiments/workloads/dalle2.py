@@ -3,10 +3,9 @@ time-conditioned U-Net denoiser sampled with deterministic DDIM steps and classi
 an image embedding. As in dalle2_pytorch, the noise schedule is a buffer (on the GPU with the model)
 indexed by a Python step.
 
-An earlier version kept the schedule as a plain CPU tensor attribute; stock Inductor (torch 2.11) then
-fused the CPU constant's indexing into a CUDA kernel, whose launch failed with "invalid argument" on the
-H200 under both inductor and reduce-overhead (results/baselines, 2026-11-30). That version lives on as
-the extra workload dalle2_cpu, a case for CGCT."""
+An earlier version kept the schedule as a plain CPU tensor attribute; stock Inductor then fused the CPU
+constant's indexing into a CUDA kernel whose launch failed under both inductor and reduce-overhead. That
+version lives on as the extra workload dalle2_cpu, a case for CGCT."""
 
 import torch
 from torch import nn

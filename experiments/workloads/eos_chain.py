@@ -1,6 +1,6 @@
 """An equation-of-state style elementwise chain over three large inputs (salinity, temperature,
 pressure), after pyhpc's equation_of_state: a few fused kernels over big tensors, where stock CUDA graphs
-lose because every replay copies the three inputs into the graph's buffers (DESIGN.md)."""
+lose because every replay copies the three inputs into the graph's buffers (docs/pi.md)."""
 
 import torch
 from torch import nn

@@ -1,4 +1,4 @@
-"""ResNet-18 from torchvision, random weights: the short, launch-bound CNN of DESIGN.md's table."""
+"""ResNet-18 from torchvision, random weights: a short, launch-bound CNN."""
 
 import torch
 import torchvision

@@ -310,7 +310,7 @@ def test_pi_in_training_serves_the_backward_inputs_and_matches_eager():
 def test_a_backward_graph_run_again_within_a_call_leaves_each_steps_gradients_right(options):
     """PI's check and SCG's timings run a partition more than once within one call. A backward graph that
     wrote over the activations it read (Inductor's donated buffers: GELU's backward can reuse its saved
-    input) computed garbage on the call that recorded it (DeBERTa on the H200: 21 % off)."""
+    input) computed garbage on the call that recorded it (docs/runtime.md)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()
     twin = copy.deepcopy(model)

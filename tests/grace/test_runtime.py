@@ -210,7 +210,7 @@ def test_an_upstream_graphs_output_that_keeps_moving_is_copied(cpu_graphs, monke
 def test_a_downstream_graph_that_returns_its_input_leaves_the_upstream_graph_replaying(cpu_graphs, monkeypatch, view):
     """A forward partition returning an activation it read (saved for backward), or a view of it: its
     recording kept that tensor, so the upstream partition's outputs looked held for ever and it ran
-    without its graph on every call (DGPT2's forward on the H200). The output is now made from each
+    without its graph on every call (DGPT2's forward). The output is now made from each
     call's own input."""
     monkeypatch.setattr(recording, "capture", _capture_on_the_arguments)
     up, up_stats = _part(_partition_fn([]), static={1})
@@ -377,8 +377,8 @@ def test_runtime_keeps_replaying_a_training_forward_and_matches_eager(cpu_graphs
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_a_backward_graphs_gradients_are_taken_by_autograd_not_cloned(cpu_graphs, set_to_none):
     """A parameter's first gradient is taken as it is (no copy) when nobody else holds it; a backward
-    graph that kept hold of its outputs had every gradient cloned (on the H200: 1 ms of memcpy per
-    XLNET-T step, and a launch per parameter). Gradients held across steps (zero_grad without
+    graph that kept hold of its outputs had every gradient cloned (a copy and a launch per parameter,
+    each step). Gradients held across steps (zero_grad without
     set_to_none) accumulate as in eager, the graph recording a twin for the memory they keep."""
     backwards = []
     model = _train_beside_eager(_runtime_compiler([]), _runtime_compiler(backwards, backward=True), 6, set_to_none)

@@ -23,7 +23,7 @@ def _measured(out, *overrides):
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
-    # 3 workloads x 3 variants: a few minutes on the H200
+    # 3 workloads x 3 variants, measured once for the tests below
     return _measured(tmp_path_factory.mktemp("results"), "workload=[mlp,EOS,kv_decode]", "variant=[inductor,pt2_cg,cgct]")
 
 

@@ -224,8 +224,8 @@ def test_a_variant_out_of_memory_beside_others_is_set_up_again_alone(make_cfg, m
 
 
 def test_a_variant_out_of_memory_even_alone_is_measured_in_a_group_of_its_own(make_cfg, monkeypatch):
-    """Out of memory beside the others, then alone beside their workers (BlenderbotSmall's eight training
-    variants on one H200): measured after them, beside the stock variants again, in one interleaved run."""
+    """Out of memory beside the others, then alone beside their workers (a large training workload's
+    variants on one GPU): measured after them, beside the stock variants again, in one interleaved run."""
     setups = _crowded(monkeypatch, "inductor", 2, "setup: OutOfMemoryError: CUDA out of memory. Tried to allocate 1.54 GiB")
     store = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
                    "measure.parallel_setup=true").store
@@ -268,7 +268,7 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
 
 
 def test_a_sweep_stopped_during_a_setup_kills_every_worker_and_records_the_rest_as_interrupted(make_cfg, monkeypatch):
-    """SIGINT while a variant sets up (on two H200s a TP worker hung there, in NCCL): no worker is waited
+    """SIGINT while a variant sets up (a TP worker may hang there, in NCCL): no worker is waited
     for, the one being set up included, and the variants not yet recorded say interrupted."""
     started, asked = [], []
 
@@ -396,7 +396,7 @@ def test_numerics_catch_a_variant_wrong_only_on_the_step_that_records(tmp_path):
 
 
 def test_spread_measures_each_workload_twice_with_fresh_processes(make_cfg):
-    """experiment=spread (runs: 2) has not yet run on the H200: its path, end to end on tiny sizes."""
+    """experiment=spread (runs: 2): its path, end to end on tiny sizes."""
     from experiments import report
 
     sweep = _sweep(make_cfg, "experiment=spread", "workload=[mlp]", "workload.mlp.size=tiny",

@@ -118,7 +118,7 @@ def _decide_on_rank(rank: int, world: int, init: str, results):
 
 def test_scg_ranks_of_a_partition_with_collectives_decide_together(tmp_path):
     """Decided apart, rank 0 would take its clear prediction at once while rank 1 timed its candidates,
-    waiting in the first collective for a peer that never comes (two H200s hung so on speech_transformer).
+    waiting in the first collective for a peer that never comes.
     Together, both time the candidates, each number the slower rank's, and both choose the same."""
     world = 2
     with mp.Manager() as manager:

@@ -11,8 +11,7 @@ pytestmark = [pytest.mark.cuda,
 
 def test_xlnet_on_two_gpus_matches_the_whole_model(make_cfg, caplog):
     """Also: each variant's ranks finish on their own when closed. NCCL's destroy waits until every CUDA
-    graph that captured one of its collectives is freed, so a rank that still holds its graphs hangs there
-    (two H200s: 60 s per worker, then killed)."""
+    graph that captured one of its collectives is freed, so a rank that still holds its graphs hangs there until killed."""
     from experiments.sweep import Sweep
 
     sweep = Sweep(make_cfg("workload=[XLNET-I]", "size=tiny", "tp=2", "variant=[pt2_cg,grace]"))
