@@ -21,7 +21,7 @@ def _markdown(table: pd.DataFrame, floatfmt) -> str:
     missing value stays empty."""
     levels = table.index.nlevels
     formats = ("",) * levels + tuple(floatfmt) if isinstance(floatfmt, tuple) else floatfmt
-    if levels == 1 and table.index.name is None:
+    if levels == 1 and table.index.name in (None, "label"):
         table = table.rename_axis("workload")
     cells = table.astype(object).where(table.notna(), None).reset_index()
     return cells.to_markdown(index=False, floatfmt=formats, missingval="")
