@@ -51,8 +51,8 @@ def measure(n: int, calls: int, rounds: int) -> dict:
     for _ in range(3):
         static(list(sets[0]))
     ways["static"] = lambda: static(list(sets[0]))
-    for way, indirect in {"copy": False, "pi": True}.items():
-        part = parts[way] = partition_graph(compiled, 3, static=False, indirect=indirect)
+    for way, pi in {"copy": False, "pi": True}.items():
+        part = parts[way] = partition_graph(compiled, 3, static=False, pi=pi)
         state = {"i": 0}
 
         def call(p=part, s=state):
@@ -62,18 +62,18 @@ def measure(n: int, calls: int, rounds: int) -> dict:
         for _ in range(4):
             call()
         ways[way] = call
-    still = parts["pi_still"] = partition_graph(compiled, 3, static=False, indirect=True)
+    still = parts["pi_still"] = partition_graph(compiled, 3, static=False, pi=True)
     for _ in range(4):
         still(list(sets[0]))
     ways["pi_still"] = lambda: still(list(sets[0]))
     (recording,) = parts["pi"].recordings[()]
-    if recording.indirection is not None:  # PI's driver updates alone, no replay
-        targets = [{i: s[i].data_ptr() for i in recording.indirection.inputs} for s in sets]
+    if recording.pi is not None:  # PI's driver updates alone, no replay
+        targets = [{i: s[i].data_ptr() for i in recording.pi.inputs} for s in sets]
         state = {"i": 0}
 
         def patch(s=state):
             s["i"] += 1
-            recording.indirection.point(targets[s["i"] % 3])
+            recording.pi.indirection.point(targets[s["i"] % 3])
 
         ways["patch"] = patch
     per_round = {way: [] for way in ways}

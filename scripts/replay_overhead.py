@@ -45,10 +45,10 @@ def bare_replay(compiled, inputs):
     return graph.replay
 
 
-def partition_graph(compiled, n_inputs: int, static: bool = True, indirect: bool = False):
+def partition_graph(compiled, n_inputs: int, static: bool = True, pi: bool = False):
     """GraCE's replay path around the same compiled work as `bare_replay`: a PartitionGraph whose inputs
     are all static (read in place: what it adds over `bare` is the runtime's own checks and bookkeeping),
-    or all copied into placeholders, or with `indirect` all re-pointed by PI."""
+    or all copied into placeholders, or with `pi` all re-pointed by PI."""
 
     def fn(args):
         xs = list(args)
@@ -57,7 +57,7 @@ def partition_graph(compiled, n_inputs: int, static: bool = True, indirect: bool
 
     inputs = frozenset(range(n_inputs)) if static else frozenset()
     return runtime.PartitionGraph(fn, Partition(0, inputs, frozenset()), runtime.Stats(0, False, 0),
-                                  indirect=indirect)
+                                  pi=pi)
 
 
 def measure(name: str, size: str, calls: int, rounds: int) -> dict:
