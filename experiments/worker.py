@@ -15,6 +15,8 @@ import tempfile
 import time
 from typing import Any
 
+import torch
+
 from experiments.bench import Bench, Spec
 from experiments.tp_bench import TPBench
 
@@ -47,9 +49,12 @@ def _serve(conn, spec: Spec) -> None:
 
 
 def _context():
-    """Workers fork from a server process that has imported torch and the harness once (forkserver), so
-    that each starts in a fraction of a second instead of importing them again; the server itself never
-    initialises CUDA, so every worker makes its own context as a spawned process would."""
+    """Without CUDA, workers fork from a server process that has imported torch and the harness once
+    (forkserver), so that each starts in a fraction of a second instead of importing them again. With
+    CUDA they are spawned: asking for the device count in the server (imports do) poisons its forks for
+    CUDA ("Cannot re-initialize CUDA in forked subprocess")."""
+    if torch.cuda.is_available():
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["experiments.bench", "experiments.tp_bench"])
     return ctx
