@@ -276,7 +276,7 @@ def check(recording: Recording, args: list) -> tuple[Pointing | None, list[str]]
     reasons += [f"PI: input {i}: {why}" for i, why in indirection.reasons.items()]
     if not indirection.inputs:
         return None, reasons
-    snapshot = Snapshot(may_write(args, r.static, r.mutated))
+    snapshot = Snapshot(may_write(args, r.writable))
     try:
         pointing, why = _check(r, args, Pointing(r, indirection), snapshot)
         return pointing, reasons + why

@@ -115,19 +115,20 @@ def _passed_through(outputs, args: list, inputs: list[int]) -> list[tuple[int, i
     return found
 
 
-def may_write(args: list, static: frozenset[int], mutated) -> list[torch.Tensor]:
-    """The tensor inputs one run of a partition may write: those Inductor says it mutates, and any that is
-    not a parameter or buffer (Inductor may compute in place into an intermediate another partition made).
-    A partition run again for one call (PI's check, SCG's timings) starts from them as they were."""
-    return [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and (i in mutated or i not in static)]
+def may_write(args: list, writable: frozenset[int]) -> list[torch.Tensor]:
+    """The tensor inputs one run of a partition may write (adapter.Partition.writable): a partition run
+    again for one call (PI's check, SCG's timings) starts from them as they were."""
+    return [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i in writable]
 
 
 class Recording:
     """One capture of a partition, with its placeholders; `pi` is set by grace.pi when PI serves it."""
 
     def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int], mutated: list[int],
-                 fresh_outputs: bool = False, static: frozenset[int] = frozenset()):
+                 fresh_outputs: bool = False, static: frozenset[int] = frozenset(),
+                 writable: frozenset[int] | None = None):
         self.in_place, self.copied, self.static, self.mutated = in_place, copied, static, mutated
+        self.writable = writable if writable is not None else frozenset(range(len(args))) - static
         self.ptrs = [args[i].data_ptr() if i in in_place else None for i in range(len(args))]
         # the first in-place input's address: a cheap first test of which recording a call is for (the
         # layers that share a graph have a recording each; only one has this layer's first weight)

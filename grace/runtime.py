@@ -161,7 +161,8 @@ class PartitionGraph:
             return "an input has overlapping memory other than expanded dims: it cannot get a placeholder"
         def record() -> Recording:
             return Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated),
-                              fresh_outputs=self.stats.backward, static=self.partition.static)
+                              fresh_outputs=self.stats.backward, static=self.partition.static,
+                              writable=self.partition.writable(len(args)))
 
         try:
             recording = record()
@@ -193,7 +194,7 @@ class PartitionGraph:
         """SCG for this recording, decided on this call's inputs (grace.scg). Whether to keep the graph."""
         s = self.stats
         try:
-            decision = scg.select(recording, self.fn, args, self.partition.static, self.partition.mutated, self.group)
+            decision = scg.select(recording, self.fn, args, self.group)
         except Exception as e:  # SCG's costs or timings failed: the next safer setting, the graph on copies
             if self.group is not None:
                 raise  # the ranks must take one step together: a rank that went its own way would hang them

@@ -204,15 +204,14 @@ def _costs(recording: Recording, device: torch.device, args: list, snapshot: Sna
                  recording.patched_nodes, gpu_us, recording.copy_bytes, len(recording.still_copied))
 
 
-def select(recording: Recording, fn: Callable, args: list, static: frozenset[int], mutated: frozenset[int],
-           group=None) -> Decision:
+def select(recording: Recording, fn: Callable, args: list, group=None) -> Decision:
     """The decision for a new recording of partition `fn`, on this call's inputs; the recording is left
     replaying as chosen (PI on or off), and every input as the call gave it. `group`: the process group
     whose ranks decide together."""
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or current_device()
     # Every run starts from this call's state: a run that wrote an input (an intermediate Inductor
     # computes into in place, a cache) must not hand the next one state the call never sees.
-    snapshot = Snapshot(may_write(args, static, mutated))
+    snapshot = Snapshot(may_write(args, recording.writable))
 
     def graph(pi: bool) -> Callable[[], object]:
         def run():

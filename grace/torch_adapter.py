@@ -65,6 +65,14 @@ class Partition:
     index: int
     static: frozenset[int]  # partition inputs that are parameters or buffers (static graph inputs)
     mutated: frozenset[int]  # partition inputs that the graph mutates in place
+    produced: frozenset[int] | None = None  # inputs another partition made (intermediates); None: unknown
+
+    def writable(self, inputs: int) -> frozenset[int]:
+        """The inputs one run may write: those it mutates, and the intermediates, which Inductor may
+        compute into in place (where not known, every input that is not static). A graph input it does
+        not report as mutated it never writes."""
+        maybe = self.produced if self.produced is not None else frozenset(range(inputs)) - self.static
+        return self.mutated | maybe
 
 
 def partitions(compiled, static_input_idxs) -> list[Partition] | None:
@@ -77,7 +85,8 @@ def partitions(compiled, static_input_idxs) -> list[Partition] | None:
     for pm in compiled.partition_maps:
         mapping = pm.input_index_mapping
         out.append(Partition(pm.id, frozenset(i for i, g in enumerate(mapping) if g is not None and g in static),
-                             frozenset(i for i, g in enumerate(mapping) if g is not None and g in mutated)))
+                             frozenset(i for i, g in enumerate(mapping) if g is not None and g in mutated),
+                             frozenset(i for i, g in enumerate(mapping) if g is None)))
     return out
 
 

@@ -48,9 +48,11 @@ def fake_capture(fn, graph_args):
     return recording.Captured(replay, outputs, {"kernel": 1}, None)
 
 
-def _part(fn, static=(), mutated=()):
+def _part(fn, static=(), mutated=(), produced=None):
+    """A PartitionGraph around `fn`; `produced`: the inputs another partition made (None: unknown)."""
     stats = runtime.Stats(graph=0, backward=False, partition=0)
-    return runtime.PartitionGraph(fn, Partition(0, frozenset(static), frozenset(mutated)), stats), stats
+    produced = frozenset(produced) if produced is not None else None
+    return runtime.PartitionGraph(fn, Partition(0, frozenset(static), frozenset(mutated), produced), stats), stats
 
 
 def _each_somewhere_new(tensors):
