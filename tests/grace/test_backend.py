@@ -91,3 +91,9 @@ def test_explain_says_why_calls_of_captured_partitions_ran_without_their_graphs(
     assert s["without_graph"] == ["a first call at new sizes, or SCG's choice at these sizes",
                                   "outputs of the previous replays were still held"]
     assert s["recorded_for"] == {"first at these sizes": 2, "twin": 1} and s["recordings_kept"] == 3
+
+
+def test_importing_grace_pulls_no_pandas(tmp_path):
+    code = "import sys, grace; print('pandas' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]

@@ -1,0 +1,29 @@
+import json
+
+import pytest
+
+from experiments import cuda_tests
+
+
+def test_counts_read_pytests_last_line():
+    assert cuda_tests.counts("1 failed, 27 passed, 2 skipped, 271 deselected in 221.93s") == {
+        "passed": 27, "failed": 1, "skipped": 2}
+    assert cuda_tests.counts("3 passed, 1 error in 2s")["failed"] == 1
+
+
+def test_a_recorded_run_makes_the_status_line(tmp_path):
+    log, runs = tmp_path / "cuda.log", tmp_path / "runs.jsonl"
+    log.write_text("..F.\nFAILED tests/x.py::test_y\n===== 1 failed, 3 passed, 1 skipped in 5.0s =====\n")
+    entry = cuda_tests.record(log, "HEAD", "NVIDIA H200, driver 1", "2.11.0", runs)
+    assert (entry["passed"], entry["failed"], entry["grace_tree"]) == (3, 1, cuda_tests.grace_tree("HEAD"))
+    assert json.loads(runs.read_text()) == entry
+    line = cuda_tests.status(runs)
+    assert "NVIDIA H200" in line and "1 failed" in line and "grace/ is unchanged since" in line
+    assert cuda_tests.status(tmp_path / "none.jsonl") == "CUDA tests: never run on a GPU.\n"
+
+
+def test_a_log_without_a_summary_is_refused(tmp_path):
+    log = tmp_path / "cuda.log"
+    log.write_text("collecting ...\nKilled\n")
+    with pytest.raises(ValueError, match="no pytest summary"):
+        cuda_tests.record(log, "HEAD", "gpu", "t", tmp_path / "runs.jsonl")
