@@ -18,3 +18,15 @@ def offset_backend(gm, example_inputs):
 def dying_backend(gm, example_inputs):
     """The process dies while compiling, as a segfault in a compiler would."""
     os._exit(3)
+
+
+def stale_backend(gm, example_inputs):
+    """Returns its first call's outputs on every call, as a replay that reads a stale input would."""
+    first = []
+
+    def run(*args):
+        if not first:
+            first.append(gm(*args))
+        return first[0]
+
+    return run

@@ -1,0 +1,184 @@
+"""The corpus: programs beyond the suite, each run as eager, inductor, pt2_cg and grace, for whether each
+runs (ok, mismatch against eager, crash with the error's class and first line), how fast (interleaved
+rounds) and how much of it CUDA graphs replay.
+
+    python -m experiments.corpus [--out results/corpus] [--only NAME ...] [--force]
+
+One process runs every program in turn; a program's variants are built side by side from the same seed
+and timed in rotating rounds. Records are appended to <out>/<device>/records.jsonl, one per (program,
+variant); a rerun passes over programs recorded at this commit (--force: again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm import tqdm
+
+import grace
+from experiments import environment
+from experiments.corpus.hazards import HAZARDS, Program
+from experiments.instrument import pytree
+from grace.profile import count, trace
+
+log = logging.getLogger(__name__)
+
+VARIANTS: dict[str, dict | None] = {  # torch.compile's arguments; None: eager
+    "eager": None,
+    "inductor": {"backend": "inductor"},
+    "pt2_cg": {"backend": "inductor", "mode": "reduce-overhead"},
+    "grace": {"backend": "grace"},  # its default options, as a user gets it
+    "grace_all": {"backend": "grace", "options": {"cgct": True, "pi": True, "scg": True}},
+}
+NEEDS_CUDA = {"pt2_cg"}
+RTOL, ATOL = 1e-3, 1e-3  # float32 programs: Inductor's fusions round differently from eager
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+
+
+def _host(value: Any) -> Any:
+    return pytree.tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, value)
+
+
+def difference(got: Any, want: Any, exact: bool) -> str | None:
+    """Why `got` is not what eager computed (`want`), or None: same structure, and each tensor of the
+    same shape and dtype, equal (integers, bools) or close (floating and complex); not exact (random
+    numbers inside): shape, dtype and finiteness only."""
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    want_leaves, want_spec = pytree.tree_flatten(want)
+    if got_spec != want_spec:
+        return f"structure {got_spec} is not eager's {want_spec}"
+    for k, (g, w) in enumerate(zip(got_leaves, want_leaves)):
+        if not isinstance(w, torch.Tensor):
+            if g != w:
+                return f"output {k}: {g!r} is not {w!r}"
+            continue
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"output {k}: {g.dtype} {list(g.shape)} is not eager's {w.dtype} {list(w.shape)}"
+        if not exact:
+            if g.is_floating_point() and not torch.isfinite(g).all():
+                return f"output {k}: not finite"
+            continue
+        if g.is_floating_point() or g.is_complex():
+            if not torch.allclose(g, w, rtol=RTOL, atol=ATOL, equal_nan=True):
+                return f"output {k}: off by up to {float((g - w).abs().max()):.3g}"
+        elif not torch.equal(g, w):
+            return f"output {k}: {int((g != w).sum())} of {w.numel()} elements differ"
+    return None
+
+
+def _compiler(kwargs: dict | None) -> Callable:
+    return (lambda m: m) if kwargs is None else (lambda m: torch.compile(m, **kwargs))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_program(name: str, device: torch.device, variants: list[str], calls: int = 4, rounds: int = 5,
+                iters: int = 5) -> list[dict]:
+    """One record per variant: status, why, and where it ran, its latency and kernels in graphs."""
+    builder = HAZARDS[name]
+    torch.compiler.reset()
+    grace.reset()
+    built: dict[str, Program] = {}
+    records = {v: {"program": name, "variant": v, "status": "ok", "reason": None} for v in variants}
+    reference: list[Any] = []
+    for v in variants:  # eager first: the reference of every comparison
+        r = records[v]
+        if v in NEEDS_CUDA and device.type != "cuda":
+            r.update(status="skipped", reason=f"{v} needs CUDA, and this machine has none")
+            continue
+        start = len(grace.REPORTS)
+        try:
+            torch.manual_seed(0)
+            program = builder(device, _compiler(VARIANTS[v]))
+            for i in range(calls):
+                out = _host(program.step(*program.inputs(i)))
+                if v == "eager":
+                    reference.append(out)
+                elif r["status"] == "ok" and (why := difference(out, reference[i], program.exact)):
+                    r.update(status="mismatch", reason=f"call {i}: {why}")
+        except Exception as e:
+            if v == "eager":
+                for other in records.values():
+                    other.update(status="failed", reason=f"eager fails: {_error(e)}")
+                return list(records.values())
+            r.update(status="crash", reason=_error(e))
+            continue
+        built[v] = program
+        if VARIANTS[v] is not None and VARIANTS[v]["backend"] == "grace":
+            r["grace"] = {k: v2 for k, v2 in grace.explain_call(
+                lambda p=program: p.step(*p.inputs(calls - 1)), start).summary().items()
+                if k in ("graphs", "partitions", "captured", "replays_per_call", "not_captured", "fallbacks", "cgct")}
+    _time(built, records, device, calls - 1, rounds, iters)
+    return list(records.values())
+
+
+def _time(built: dict[str, Program], records: dict[str, dict], device: torch.device, call: int, rounds: int,
+          iters: int) -> None:
+    """Per variant, the median over rounds of microseconds per synchronized call, the variants in turn
+    (rotating who goes first); on a GPU, kernels per call and the share replayed from CUDA graphs."""
+    names = list(built)
+    times: dict[str, list[float]] = {v: [] for v in names}
+    for rnd in range(rounds):
+        for v in names[rnd % len(names):] + names[:rnd % len(names)]:
+            p = built[v]
+            args = p.inputs(call)
+            try:
+                p.step(*args)
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    p.step(*args)
+                    _sync(device)
+                times[v].append((time.perf_counter() - t0) * 1e6 / iters)
+            except Exception as e:  # a variant that ran its checks but fails when called again
+                records[v].update(status="crash", reason=f"timing: {_error(e)}")
+                built.pop(v)
+                names.remove(v)
+                break
+    for v, p in built.items():
+        records[v]["median_us"] = statistics.median(times[v]) if times[v] else None
+        records[v]["rounds_us"] = times[v]
+        if device.type == "cuda":
+            k = count(trace(lambda p=p: p.step(*p.inputs(call))))
+            records[v]["kernels"], records[v]["kernels_in_graphs"] = k.kernels, k.in_graphs
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("results/corpus"))
+    p.add_argument("--only", nargs="*", help="programs to run (default: all)")
+    p.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    p.add_argument("--force", action="store_true", help="run again what this commit recorded")
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.only or ()) - set(HAZARDS)) + sorted(set(args.variants) - set(VARIANTS))
+    if unknown or args.variants[:1] != ["eager"]:
+        print(f"error: unknown program or variant {unknown}, or eager not first (programs: {', '.join(HAZARDS)})"
+              if unknown else "error: --variants must start with eager, the reference", file=sys.stderr)
+        return 2
+    env = environment.current()
+    device = torch.device("cuda" if env.device == "cuda" else "cpu")
+    path = args.out / environment.device_tag(env) / "records.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = set() if args.force or not path.is_file() else {
+        r["program"] for r in map(json.loads, path.read_text().splitlines()) if r["env"]["git_commit"] == env.git_commit}
+    for name in tqdm([n for n in args.only or HAZARDS if n not in done], desc="corpus", unit="program"):
+        for record in run_program(name, device, args.variants):
+            with path.open("a") as f:
+                f.write(json.dumps({**record, "env": dataclasses.asdict(env)}, sort_keys=True, default=str) + "\n")
+    print(path)
+    return 0

@@ -1,0 +1,395 @@
+"""Small programs, each a known CUDA-graph hazard, as a user would write them.
+
+Each is a builder `(device, compile) -> Program`: it makes its model from the current seed, applies
+`compile` where a user would (the whole module, each block, two modules sharing weights) and returns
+the step and the inputs of each call. `compile` is the identity for eager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclasses.dataclass
+class Program:
+    step: Callable[..., Any]  # one call: returns what is compared with eager
+    inputs: Callable[[int], tuple]  # the arguments of call i (the same for every variant)
+    exact: bool = True  # False: random numbers inside, compared by shape, dtype and finiteness only
+
+
+Compile = Callable[[Any], Any]
+HAZARDS: dict[str, Callable[[torch.device, Compile], Program]] = {}
+
+
+def hazard(fn):
+    HAZARDS[fn.__name__] = fn
+    return fn
+
+
+def _mlp(width: int = 16) -> nn.Module:
+    return nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+
+
+def _x(device, *shape, dtype=torch.float32):
+    return lambda i: (torch.randn(*shape, generator=torch.Generator().manual_seed(i), dtype=dtype).to(device),)
+
+
+def _train(model: nn.Module, compiled) -> Callable:
+    """A training step: the loss and every gradient (zeroed first)."""
+    def step(*args):
+        for p in model.parameters():
+            p.grad = None
+        loss = compiled(*args).float().square().mean()
+        loss.backward()
+        return [loss.detach()] + [p.grad for p in model.parameters()]
+    return step
+
+
+# --- Python values and CPU tensors --------------------------------------------------------------
+
+@hazard
+def python_int_argument(device, compile):
+    f = compile(lambda x, n: x * n + n)
+    return Program(f, lambda i: (_x(device, 8)(i)[0], i + 1))
+
+
+@hazard
+def python_float_argument(device, compile):
+    f = compile(lambda x, s: torch.sin(x) * s)
+    return Program(f, lambda i: (_x(device, 8)(i)[0], 0.5 + i))
+
+
+@hazard
+def cpu_scalar_made_inside(device, compile):
+    f = compile(lambda x: x * torch.tensor(2.0).to(x.device) + torch.tensor(1.0).to(x.device))
+    return Program(f, _x(device, 8))
+
+
+@hazard
+def cpu_arange_made_inside(device, compile):
+    f = compile(lambda x: x + torch.arange(x.shape[-1]).to(x.device))
+    return Program(f, _x(device, 4, 8))
+
+
+class _Denoiser(nn.Module):
+    """A diffusion step: the timestep a Python int, its embedding made on the CPU, then moved."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x, t):
+        freqs = torch.exp(-math.log(10000) * torch.arange(8) / 8)
+        emb = torch.tensor([float(t)]) * freqs
+        emb = torch.cat([emb.sin(), emb.cos()]).to(x.device)
+        return self.lin(x + emb)
+
+
+@hazard
+def timestep_embedding_on_the_cpu(device, compile):
+    model = _Denoiser().to(device)
+    f = compile(model)
+    return Program(torch.no_grad()(f), lambda i: (_x(device, 2, 16)(i)[0], 10 * i + 1))
+
+
+@hazard
+def cpu_tensor_input(device, compile):
+    f = compile(lambda x, scale: x / scale)
+    return Program(f, lambda i: (_x(device, 8)(i)[0], torch.tensor(2.0 + i)))
+
+
+class _Schedule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.table = torch.linspace(0.1, 1.0, 10)  # a plain CPU attribute, as samplers keep it
+
+    def forward(self, x, step: int):
+        return self.lin(x) * self.table[step].to(x.device)
+
+
+@hazard
+def cpu_table_indexed_by_step(device, compile):
+    model = _Schedule().to(device)
+    f = compile(model)
+    return Program(torch.no_grad()(f), lambda i: (_x(device, 2, 8)(i)[0], i % 10))
+
+
+# --- State mutated in place ----------------------------------------------------------------------
+
+@hazard
+def kv_cache_written_in_place(device, compile):
+    cache = torch.zeros(4, 6, device=device)
+
+    def step(x, pos):
+        cache.index_copy_(1, pos, x)
+        return cache.sum(dim=1)
+
+    f = compile(step)
+    return Program(f, lambda i: (_x(device, 4, 1)(i)[0], torch.tensor([i % 6], device=device)))
+
+
+@hazard
+def batchnorm_in_training(device, compile):
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)).to(device).train()
+    f = compile(model)
+    return Program(lambda x: [f(x), model[1].running_mean.clone()], _x(device, 4, 8))
+
+
+@hazard
+def input_mutated_in_place(device, compile):
+    def step(x):
+        x.mul_(2)
+        return x + 1
+    f = compile(step)
+    return Program(lambda x: [f(x), x], _x(device, 8))
+
+
+# --- Random numbers ------------------------------------------------------------------------------
+
+@hazard
+def dropout_in_training(device, compile):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).to(device).train()
+    return Program(compile(model), _x(device, 4, 8), exact=False)
+
+
+@hazard
+def rand_in_forward(device, compile):
+    f = compile(lambda x: x + torch.rand_like(x))
+    return Program(f, _x(device, 8), exact=False)
+
+
+# --- Data-dependent shapes -----------------------------------------------------------------------
+
+@hazard
+def nonzero(device, compile):
+    f = compile(lambda x: torch.nonzero(x > 0).float().sum(0))
+    return Program(f, _x(device, 6, 3))
+
+
+@hazard
+def boolean_mask(device, compile):
+    f = compile(lambda x: x[x > 0] * 2)
+    return Program(f, _x(device, 16))
+
+
+@hazard
+def unique(device, compile):
+    f = compile(lambda x: torch.unique((x * 2).round()))
+    return Program(f, _x(device, 16))
+
+
+# --- Graph breaks --------------------------------------------------------------------------------
+
+@hazard
+def item_in_forward(device, compile):
+    def step(x):
+        s = x.sum().item()
+        return x * s
+    return Program(compile(step), _x(device, 8))
+
+
+@hazard
+def tolist_in_forward(device, compile):
+    def step(x):
+        values = x[:3].tolist()
+        return x * sum(values)
+    return Program(compile(step), _x(device, 8))
+
+
+@hazard
+def print_in_forward(device, compile):
+    def step(x):
+        y = x * 2
+        print("grace corpus: a print inside forward", end="\r")
+        return y + 1
+    return Program(compile(step), _x(device, 8))
+
+
+@hazard
+def branch_on_a_tensor_value(device, compile):
+    def step(x):
+        if x.mean() > 0:
+            return x * 2
+        return x - 1
+    return Program(compile(step), _x(device, 8))
+
+
+# --- Shapes, outputs, aliasing -------------------------------------------------------------------
+
+@hazard
+def shape_changes_every_call(device, compile):
+    model = _mlp().to(device)
+    f = compile(model)
+    return Program(torch.no_grad()(f), lambda i: (_x(device, 1 + i, 16)(i)[0],))
+
+
+@hazard
+def outputs_kept_across_calls(device, compile):
+    model = _mlp().to(device)
+    f = torch.no_grad()(compile(model))
+    kept = []
+
+    def step(x):
+        kept.append(f(x))
+        return list(kept)
+    return Program(step, _x(device, 2, 16))
+
+
+@hazard
+def output_aliases_input(device, compile):
+    f = compile(lambda x: (x, x[0], x * 2))
+    return Program(f, _x(device, 4, 4))
+
+
+@hazard
+def output_is_a_view(device, compile):
+    f = compile(lambda x: (x * 2).t()[1:])
+    return Program(f, _x(device, 4, 4))
+
+
+# --- Autograd, control flow, regions -------------------------------------------------------------
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class _WithFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _Square.apply(self.lin(x))
+
+
+@hazard
+def custom_autograd_function(device, compile):
+    model = _WithFunction().to(device)
+    return Program(_train(model, compile(model)), _x(device, 4, 8))
+
+
+@hazard
+def torch_cond(device, compile):
+    def step(x):
+        return torch.cond(x.sum() > 0, lambda v: v * 2, lambda v: v - 1, (x,))
+    return Program(compile(step), _x(device, 8))
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = _mlp(), _mlp()
+
+    def forward(self, x):
+        return self.b(checkpoint(self.a, x, use_reentrant=False))
+
+
+@hazard
+def activation_checkpointing(device, compile):
+    model = _Checkpointed().to(device)
+    return Program(_train(model, compile(model)), _x(device, 4, 16))
+
+
+@hazard
+def regional_compilation(device, compile):
+    blocks = nn.ModuleList(_mlp() for _ in range(3)).to(device)
+    compiled = [compile(b) for b in blocks]
+
+    def forward(x):
+        for b in compiled:
+            x = b(x) + x
+        return x
+    return Program(torch.no_grad()(forward), _x(device, 2, 16))
+
+
+@hazard
+def weights_shared_by_two_compiled_modules(device, compile):
+    shared = nn.Linear(16, 16).to(device)
+    first, second = nn.Sequential(shared, nn.ReLU()), nn.Sequential(shared, nn.Tanh())
+    f, g = compile(first), compile(second)
+    return Program(torch.no_grad()(lambda x: (f(x), g(x))), _x(device, 2, 16))
+
+
+@hazard
+def training_step(device, compile):
+    model = _mlp().to(device)
+    return Program(_train(model, compile(model)), _x(device, 4, 16))
+
+
+# --- Dtypes, layouts, grad modes -----------------------------------------------------------------
+
+@hazard
+def integer_tensors(device, compile):
+    f = compile(lambda x: (x * 3 + 1) // 2 % 7)
+    return Program(f, lambda i: (torch.arange(16, device=device) + i,))
+
+
+@hazard
+def bool_tensors(device, compile):
+    f = compile(lambda x: (x > 0) & ~(x > 1))
+    return Program(f, _x(device, 16))
+
+
+@hazard
+def complex_tensors(device, compile):
+    f = compile(lambda x: (x * (1 + 2j)).abs())
+    return Program(f, lambda i: (torch.randn(8, dtype=torch.complex64,
+                                             generator=torch.Generator().manual_seed(i)).to(device),))
+
+
+@hazard
+def channels_last_convolution(device, compile):
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).to(device).to(memory_format=torch.channels_last)
+    f = torch.no_grad()(compile(model))
+    return Program(f, lambda i: (_x(device, 2, 3, 8, 8)(i)[0].to(memory_format=torch.channels_last),))
+
+
+@hazard
+def inference_in_grad_mode(device, compile):
+    model = _mlp().to(device)
+    f = compile(model)
+    return Program(lambda x: f(x).detach(), _x(device, 2, 16))
+
+
+@hazard
+def inference_under_no_grad(device, compile):
+    model = _mlp().to(device)
+    return Program(torch.no_grad()(compile(model)), _x(device, 2, 16))
+
+
+@hazard
+def inference_mode(device, compile):
+    model = _mlp().to(device)
+    f = compile(model)
+
+    def step(x):
+        with torch.inference_mode():
+            return f(x)
+    return Program(step, _x(device, 2, 16))
+
+
+@hazard
+def bfloat16_autocast(device, compile):
+    model = _mlp().to(device)
+    f = compile(model)
+
+    def step(x):
+        with torch.autocast(device.type, dtype=torch.bfloat16), torch.no_grad():
+            return F.layer_norm(f(x), (16,))
+    return Program(step, _x(device, 2, 16))

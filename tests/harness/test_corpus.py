@@ -1,0 +1,45 @@
+"""The corpus's hazard programs on the CPU: grace never crashes where Inductor runs and never differs
+from eager where Inductor agrees, and the comparison with eager catches wrong programs."""
+
+import pytest
+import torch
+
+from experiments import corpus
+from experiments.corpus.hazards import HAZARDS
+from tests.helpers import offset_backend, stale_backend
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HAZARDS))
+def test_grace_runs_each_hazard_as_inductor_does(name):
+    records = {r["variant"]: r for r in corpus.run_program(name, CPU, ["eager", "inductor", "grace", "grace_all"],
+                                                          calls=3, rounds=1, iters=1)}
+    assert records["eager"]["status"] == "ok", records["eager"]
+    for variant in ("grace", "grace_all"):
+        if records["inductor"]["status"] == "ok":
+            assert records[variant]["status"] == "ok", records[variant]
+        assert records[variant]["status"] != "crash", records[variant]
+        assert records[variant]["median_us"] > 0
+
+
+@pytest.mark.parametrize("backend, programs", [
+    (offset_backend, ["python_float_argument", "training_step", "kv_cache_written_in_place"]),  # off by 0.5
+    (stale_backend, ["python_float_argument", "cpu_tensor_input", "shape_changes_every_call"]),  # a stale result
+])
+def test_a_wrong_program_comes_out_mismatch(monkeypatch, backend, programs):
+    monkeypatch.setitem(corpus.VARIANTS, "wrong", {"backend": backend})
+    for name in programs:
+        records = {r["variant"]: r for r in corpus.run_program(name, CPU, ["eager", "wrong"], calls=3, rounds=1, iters=1)}
+        assert records["wrong"]["status"] == "mismatch", (name, records["wrong"])
+
+
+def test_difference_compares_structure_dtype_and_values():
+    t = torch.arange(4.0)
+    assert corpus.difference([t], [t.clone()], exact=True) is None
+    assert "off by up to 0.5" in corpus.difference([t + 0.5], [t], exact=True)
+    assert "elements differ" in corpus.difference([t.long() + 1], [t.long()], exact=True)
+    assert "structure" in corpus.difference((t, t), [t, t], exact=True)
+    assert corpus.difference([t + 9], [t], exact=False) is None  # random inside: shape and dtype only
+    assert "not finite" in corpus.difference([t / 0], [t], exact=False)
