@@ -287,6 +287,31 @@ def spread(records: Iterable[Record]) -> str:
             "(median of each measurement, oldest first).\n\n" + _markdown(table, ".3g") + "\n")
 
 
+def corpus(records: Sequence[dict], stock: Sequence[str] = ("inductor", "pt2_cg"),
+           ours: Sequence[str] = ("grace", "grace_all")) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """From the corpus's records (experiments.corpus), the newest per program and variant: how many of
+    each status per variant, and per program each of `ours` over the faster stock variant that ran ok,
+    slowest first (a ratio from one session's rotating rounds, without an interval)."""
+    newest = {(r["program"], r["variant"]): r for r in records}
+    df = pd.DataFrame(newest.values())
+    rates = df.pivot_table(index="variant", columns="status", values="program", aggfunc="count", fill_value=0)
+    rates["programs"] = rates.sum(axis=1)
+    ok = df[df["status"] == "ok"].pivot_table(index="program", columns="variant", values="median_us")
+    best = ok[[v for v in stock if v in ok]].min(axis=1)
+    vs = pd.DataFrame({f"{v} / best stock": ok[v] / best for v in ours if v in ok})
+    vs["best stock"] = ok[[v for v in stock if v in ok]].idxmin(axis=1)
+    return rates.rename_axis(None, axis=1), vs.sort_values(vs.columns[0], ascending=False)
+
+
+def corpus_markdown(records: Sequence[dict]) -> str:
+    rates, vs = corpus(records)
+    means = {c: stats.geomean(vs[c].dropna().tolist()) for c in vs.columns if c.endswith("best stock") and c != "best stock"}
+    return ("\n### The corpus\n\nStatus per variant (one record per program):\n\n" + rates.to_markdown()
+            + "\n\nTime over the faster of inductor and pt2_cg, geomean: "
+            + ", ".join(f"{c.split(' /')[0]} {g:.3g}" for c, g in means.items())
+            + "; the ten slowest programs:\n\n" + _markdown(vs.head(10).rename_axis("program"), ".3g") + "\n")
+
+
 def splice(text: str, into: Path, section: str = "results") -> None:
     """Put `text` between the `section` markers of `into` (the README), leaving the rest as it is."""
     begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"

@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments import cuda_tests, figures, report, workloads  # noqa: E402
+from experiments.figures import json_lines  # noqa: E402
 from experiments.records import current  # noqa: E402
 
 
@@ -45,6 +46,9 @@ def main(argv=None) -> int:
     results = (report.summary(single) + report.noise(single) + report.spread(figures.single_gpu(records))
                + ("\n### Left out: made before their workload's last revision\n\n" + left_out.to_markdown(index=False)
                   + "\n" if len(left_out) else ""))
+    corpus = args.results / "corpus" / args.device / "records.jsonl"
+    if corpus.is_file():
+        results += report.corpus_markdown(json_lines(corpus))
     (args.out / "results.md").write_text(results)
     report.splice(results, args.readme)
     runs = args.results / "cuda_tests" / args.device / "runs.jsonl"

@@ -183,3 +183,16 @@ def test_the_table_takes_the_baseline_of_graces_session():
     table = report.per_workload(RECORDS + later)
     assert table.loc["b eval b1", "inductor median ms"] == 9
     assert report.within_best_stock(RECORDS + later)["within 3 %"].astype(bool).all()
+
+
+def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
+    def r(program, variant, status="ok", us=None):
+        return {"program": program, "variant": variant, "status": status, "median_us": us}
+
+    records = [r("a", "inductor", us=10), r("a", "pt2_cg", us=5), r("a", "grace", us=6), r("a", "grace_all", us=4),
+               r("b", "inductor", us=10), r("b", "pt2_cg", "crash"), r("b", "grace", us=5), r("b", "grace_all", us=20),
+               r("b", "grace", us=8)]  # measured again: the newest counts
+    rates, vs = report.corpus(records)
+    assert rates.loc["pt2_cg", "crash"] == 1 and rates.loc["grace", "ok"] == 2 and rates.loc["grace", "programs"] == 2
+    assert list(vs.index) == ["a", "b"] and vs.loc["a", "grace / best stock"] == 1.2 and vs.loc["b", "best stock"] == "inductor"
+    assert vs.loc["b", "grace / best stock"] == 0.8 and vs.loc["b", "grace_all / best stock"] == 2.0
