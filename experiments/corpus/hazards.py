@@ -43,15 +43,18 @@ def _x(device, *shape, dtype=torch.float32):
     return lambda i: (torch.randn(*shape, generator=torch.Generator().manual_seed(i), dtype=dtype).to(device),)
 
 
-def _train(model: nn.Module, compiled) -> Callable:
-    """A training step: the loss and every gradient (zeroed first)."""
+def _training(model: nn.Module, device, compile, *shape) -> Program:
+    """A training step of `model` on inputs of `shape`: the loss and every gradient (zeroed first)."""
+    model = model.to(device)
+    compiled = compile(model)
+
     def step(*args):
         for p in model.parameters():
             p.grad = None
         loss = compiled(*args).float().square().mean()
         loss.backward()
         return [loss.detach()] + [p.grad for p in model.parameters()]
-    return step
+    return Program(step, _x(device, *shape))
 
 
 # --- Python values and CPU tensors --------------------------------------------------------------
@@ -285,8 +288,7 @@ class _WithFunction(nn.Module):
 
 @hazard
 def custom_autograd_function(device, compile):
-    model = _WithFunction().to(device)
-    return Program(_train(model, compile(model)), _x(device, 4, 8))
+    return _training(_WithFunction(), device, compile, 4, 8)
 
 
 @hazard
@@ -307,8 +309,7 @@ class _Checkpointed(nn.Module):
 
 @hazard
 def activation_checkpointing(device, compile):
-    model = _Checkpointed().to(device)
-    return Program(_train(model, compile(model)), _x(device, 4, 16))
+    return _training(_Checkpointed(), device, compile, 4, 16)
 
 
 @hazard
@@ -333,8 +334,7 @@ def weights_shared_by_two_compiled_modules(device, compile):
 
 @hazard
 def training_step(device, compile):
-    model = _mlp().to(device)
-    return Program(_train(model, compile(model)), _x(device, 4, 16))
+    return _training(_mlp(), device, compile, 4, 16)
 
 
 # --- Dtypes, layouts, grad modes -----------------------------------------------------------------
