@@ -40,7 +40,7 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
         assert r.compile_s > 0 and r.kernels.iters == 2 and r.set_up_beside == 0
         # its setup's parts, each measured in the worker, add up to at most what the sweep saw; the worker's
         # start is apart, before it
-        assert 0 < r.build_s and 0 < r.check_s and r.start_s > 0
+        assert 0 < r.build_s and 0 < r.check_s and r.start_s >= 0  # forked from a warm server: near 0
         assert r.setup_s >= round(r.build_s + r.compile_s + r.warmup_s + r.check_s, 1) - 0.1
         assert r.host.iters == 2 and (host_profile.GENERATED in r.host.groups) == (name != "eager")
         assert r.env["torch"] == torch.__version__ and r.env["git_commit"]
