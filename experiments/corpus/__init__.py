@@ -1,4 +1,4 @@
-"""The corpus: programs beyond the suite (hazards.py, zoo.py), each run as eager, inductor, pt2_cg and grace, for whether each
+"""The corpus: programs beyond the suite (hazards.py, zoo.py, hf.py), each run as eager, inductor, pt2_cg and grace, for whether each
 runs (ok, mismatch against eager, crash with the error's class and first line), how fast (interleaved
 rounds) and how much of it CUDA graphs replay.
 
@@ -27,7 +27,7 @@ from tqdm import tqdm
 import grace
 from experiments import environment
 from experiments.corpus.hazards import HAZARDS, Program
-from experiments.corpus.zoo import MODELS
+from experiments.corpus import hf, zoo
 from experiments.instrument import pytree
 from grace.profile import count, trace
 
@@ -43,7 +43,7 @@ VARIANTS: dict[str, dict | None] = {  # torch.compile's arguments; None: eager
 NEEDS_CUDA = {"pt2_cg"}
 RTOL, ATOL = 1e-3, 1e-3  # float32 programs: Inductor's fusions round differently from eager
 NORM = 1e-2  # deep float32 models: convolutions in TF32, summed differently by eager and Inductor
-PROGRAMS = {**HAZARDS, **MODELS}
+PROGRAMS = {**HAZARDS, **zoo.MODELS, **hf.MODELS}
 
 
 def _error(e: BaseException) -> str:

@@ -55,9 +55,11 @@ def test_the_zoo_holds_every_torchvision_model_and_timm_families():
     names = set(corpus.PROGRAMS)
     assert {f"torchvision/{n}" for n in torchvision.models.list_models(module=torchvision.models)} <= names  # not the quantized, CPU-only ones
     assert len([n for n in names if n.startswith("timm/")]) >= 30 and len(names) >= 150
+    assert len([n for n in names if n.startswith("hf/") and "generate" not in n]) >= 40
+    assert len([n for n in names if n.startswith("hf/generate-static/")]) >= 3
 
 
-def test_a_zoo_model_builds_and_runs_as_grace(tmp_path):
-    records = {r["variant"]: r for r in corpus.run_program("torchvision/squeezenet1_0", CPU, ["eager", "grace"],
-                                                          calls=2, rounds=1, iters=1)}
+@pytest.mark.parametrize("name", ["torchvision/squeezenet1_0", "hf/vit"])
+def test_a_zoo_model_builds_and_runs_as_grace(name):
+    records = {r["variant"]: r for r in corpus.run_program(name, CPU, ["eager", "grace"], calls=2, rounds=1, iters=1)}
     assert records["grace"]["status"] == "ok", records["grace"]
