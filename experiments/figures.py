@@ -148,10 +148,12 @@ def _save(fig, data: pd.DataFrame, out: Path, name: str, index_label: str = "wor
 
 
 def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | None = None,
-          reference: float | None = 1.0, errors: tuple[pd.DataFrame, pd.DataFrame] | None = None):
+          reference: float | None = 1.0, errors: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+          absent: pd.DataFrame | None = None, footnote: str = ""):
     """Grouped bars, one group per row of `table` and one bar per column, each with its value printed and,
     where `errors` (low, high tables) has them, its interval as an error bar; a missing value is written
-    "missing" where its bar would be; `reference`: a horizontal line (1.0: no speedup)."""
+    where its bar would be as `absent` says why (its status: skipped, failed, ...), else "missing";
+    `footnote`: the reasons, in a box at the top left; `reference`: a horizontal line (1.0: no speedup)."""
     sns.set_theme(style="whitegrid", context="paper")
     labels, variants = list(table.index), list(table.columns)
     width = 0.8 / max(len(variants), 1)
@@ -172,10 +174,11 @@ def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | Non
         for p, val, y in zip(pos, values, top):
             if not np.isnan(val):
                 ax.text(p, y, f" {val:.2f}", rotation=90, ha="center", va="bottom", fontsize=5)
-        for p, val in zip(pos, values):
+        for p, val, label in zip(pos, values, labels):
             if np.isnan(val):
-                ax.text(p, 0.02, "missing", rotation=90, ha="center", va="bottom", fontsize=6, color="0.4",
-                        transform=ax.get_xaxis_transform())
+                why = absent.at[label, v] if absent is not None and label in absent.index and v in absent else None
+                ax.text(p, 0.02, why if isinstance(why, str) else "missing", rotation=90, ha="center", va="bottom",
+                        fontsize=6, color="0.4", transform=ax.get_xaxis_transform())
     if overlay is not None:
         ax.scatter(x, overlay.reindex(labels).to_numpy(dtype=float), marker="_", s=400, color="black", zorder=3,
                    label=LABELS.get(overlay.name, overlay.name))
@@ -185,6 +188,9 @@ def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | Non
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7)
+    if footnote:  # inside the axes: below them, rotated workload names would run into it
+        ax.text(0.01, 0.98, footnote, transform=ax.transAxes, fontsize=6, color="0.3", va="top",
+                bbox={"facecolor": "white", "edgecolor": "0.8", "linewidth": 0.5})
     return fig
 
 
@@ -201,9 +207,27 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
     table = speedups(df, [*variants, *([overlay] if overlay else [])])
     order = (table[variants[-1]] / table[variants[0]]).sort_values(na_position="last").index
     table = with_geomean(table.reindex(order))
-    fig = _bars(table[list(variants)], title, f"speedup over {LABELS[BASELINE]}", table[overlay] if overlay else None,
-                errors=intervals(df, table[list(variants)]))
+    absent, footnote = _absent(df, list(variants))
+    fig = _bars(table[list(variants)], f"{title} ({_devices(df)})", f"speedup over {LABELS[BASELINE]}",
+                table[overlay] if overlay else None, errors=intervals(df, table[list(variants)]), absent=absent,
+                footnote=footnote)
     return _save(fig, table, out, name)
+
+
+def _devices(df: pd.DataFrame) -> str:
+    """The machines the records were measured on: the GPU's name, or 'CPU, no CUDA'."""
+    return ", ".join(sorted({g if isinstance(g, str) else "CPU, no CUDA" for g in df["gpu"]})) or "no records"
+
+
+def _absent(df: pd.DataFrame, variants: list[str]) -> tuple[pd.DataFrame, str]:
+    """Per workload and variant without an ok record, the newest record's status; and the reasons, one
+    line each with the variants they apply to."""
+    newest = df[df["variant"].isin(variants)].groupby(["label", "variant"]).tail(1)
+    bad = newest[newest["status"] != "ok"]
+    absent = bad.pivot_table(index="label", columns="variant", values="status", aggfunc="last")
+    reasons = bad.assign(why=bad["reason"].fillna("").str.split("\n").str[0]).groupby("why")["variant"].agg(
+        lambda v: ", ".join(sorted(set(v))))
+    return absent, "\n".join(f"{variants_}: {why}" for why, variants_ in reasons.items() if why)
 
 
 def _table_figure(table: pd.DataFrame, out: Path, name: str, title: str, fmt) -> Path:

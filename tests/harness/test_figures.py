@@ -159,3 +159,15 @@ def test_make_figures_leaves_out_records_made_before_their_workloads_revision(tm
     text = readme.read_text()
     assert re.search(r"\| eos_chain\s+\|\s+1\s+\|\s+2\s+\| 2026-11-30T12:00 \|", text) and "| EOS" not in text and "| a eval b1" in text
     assert "eos_chain" not in pd.read_csv(tmp_path / "figs" / "fig9_speedup.csv")["workload"].str.cat()
+
+
+def test_a_speedup_figure_says_which_bars_were_skipped_and_why(tmp_path):
+    cpu = [dataclasses.replace(r, env={"gpu": None, "date": "2026-12-02T00:00:00+00:00"}) for r in RECORDS]
+    skipped = [dataclasses.replace(r, status="skipped", median_ms=None, reason="variant 'pt2_cg' needs CUDA, and "
+                                   "this machine has none") if r.variant == "pt2_cg" else r for r in cpu]
+    df = figures.frame(skipped)
+    absent, footnote = figures._absent(df, ["pt2_cg", "grace"])
+    assert set(absent["pt2_cg"]) == {"skipped"} and absent.at["c eval b1", "grace"] == "failed"
+    assert "pt2_cg: variant 'pt2_cg' needs CUDA, and this machine has none" in footnote.splitlines()
+    assert figures._devices(df) == "CPU, no CUDA" and figures._devices(figures.frame(RECORDS)) == "NVIDIA H200"
+    assert figures.speedup_figure(skipped, tmp_path).is_file()
