@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import statistics
 import sys
 import time
@@ -26,12 +25,10 @@ from tqdm import tqdm
 
 import grace
 from experiments import environment
-from experiments.corpus.hazards import HAZARDS, Program
 from experiments.corpus import hf, zoo
+from experiments.corpus.hazards import HAZARDS, Program
 from experiments.instrument import pytree
 from grace.profile import count, trace
-
-log = logging.getLogger(__name__)
 
 VARIANTS: dict[str, dict | None] = {  # torch.compile's arguments; None: eager
     "eager": None,

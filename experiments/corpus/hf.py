@@ -5,6 +5,7 @@ decoding with a static KV cache and a compiled forward, as transformers document
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Callable
 
 import torch
@@ -116,9 +117,7 @@ def _generate(model_type: str):
 
 
 def _register() -> None:
-    try:
-        import transformers  # noqa: F401  (absent: no HuggingFace programs)
-    except ImportError:
+    if importlib.util.find_spec("transformers") is None:  # absent: no HuggingFace programs
         return
     for t in TEXT:
         MODELS[f"hf/{t}"] = _text(t)
