@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from experiments import tp, workloads
-from experiments.numerics import check
+from experiments.numerics import compare, judge
 from experiments.host_profile import profile_host
 from experiments.profiling import profile_iterations
 from experiments.records import HostStats, KernelStats, Numerics
@@ -23,8 +24,8 @@ from experiments.task import Task
 from experiments.timing import launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
 import grace
-from experiments.instrument import (collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats, pytree,
-                                 shape_padding_choices)
+from experiments.instrument import (collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats,
+                                   forget_counters, pytree, shape_padding_choices)
 
 
 @dataclass(frozen=True)
@@ -71,30 +72,20 @@ class Setup:
     build_s: float  # the workload's model and inputs built, its initial state kept
     compile_s: float
     warmup_s: float
-    check_s: float  # the rewound step and the numerics check against the reference
+    check_s: float  # the rewound step, the step on fresh inputs, and the numerics check against the reference
+    float64_check_s: float | None  # the variant run and checked in float64 first (None: not run, TP)
     numerics: Numerics | None  # None on tensor-parallel ranks other than 0
 
 
-def capture_out_of_memory() -> str | None:
-    """Why the grace backend left a partition of this process without a CUDA graph, if it was a capture
-    that ran out of GPU memory (a condition of the machine, other workers beside this one, not of GraCE's
-    choosing: the sweep sets such a variant up again on its own)."""
-    return next((reason for reason in grace.without_graph_reasons() if "OutOfMemoryError" in reason), None)
+def capture_out_of_memory(start: int) -> str | None:
+    """Why the grace backend left a partition of this process (of the start-th graph on) without a CUDA
+    graph, if it was a capture that ran out of GPU memory (a condition of the machine, other workers
+    beside this one, not of GraCE's choosing: the sweep sets such a variant up again on its own)."""
+    return next((reason for reason in grace.without_graph_reasons(start) if "OutOfMemoryError" in reason), None)
 
 
 def _host(observation: dict[str, Any]) -> dict[str, Any]:
     return pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, observation)
-
-
-def _by_step(observed: dict[str, tuple[dict, int]], reference: dict[str, list]) -> tuple[dict, dict, dict]:
-    """Observations of several steps ({when: (observation, index of the reference's step)}) as one, each
-    part named with its step, beside the reference's eager and float64 observations of the same steps."""
-    out, eager, ref = {}, {}, {}
-    for when, (observation, k) in observed.items():
-        for part, value in observation.items():
-            key = f"{part} at {when}"
-            out[key], eager[key], ref[key] = value, reference["eager"][k][part], reference["float64"][k][part]
-    return out, eager, ref
 
 
 class Bench:
@@ -108,6 +99,7 @@ class Bench:
         self.task: Task | None = None
         self.fn = None
         self._skip_reasons = collect_cudagraph_skip_reasons()  # a Bench lives in a worker process of its own
+        self._graphs_from = 0  # the first of grace's graph reports that are the measured instance's
 
     def _step(self) -> Any:
         return self.task.step(self.fn)
@@ -130,59 +122,121 @@ class Bench:
 
     def reference(self, path: str) -> None:
         """The numerics check's yardsticks, once per workload, before any variant is set up (the sweep
-        runs this alone: the float64 copy of a training workload is the largest allocation of all): the
-        first two steps of the task as built, in eager, in its compute dtype and in float64; the
-        observations go to `path`, on the host."""
+        runs this alone: the float64 copy of a training workload is the largest allocation of all): in
+        eager, in its compute dtype and in float64, the first two steps of the task as built and a step
+        from its initial state on fresh inputs (Task.fresh_inputs); the observations and those inputs go
+        to `path`, on the host."""
         task = self._task()
+        fresh = _host(task.fresh_inputs(self.spec.seed + 1))
+        self._release()
         ref = task.twin(torch.float64)
-        task.keep_initial()
-        observed = {"eager": [_host(task.observe(task.model))], "float64": [_host(ref.observe(ref.model))]}
+        steps = {"eager": {}, "float64": {}}
+        twins = ((task, steps["eager"]), (ref, steps["float64"]))
+        for twin, observed in twins:
+            twin.keep_initial()
+            observed["first"] = _host(twin.observe(twin.model))
         repeats = task.unchanged()  # the second step computes the first again: kept once (TP XLNet's logits: 17 GB in float64)
-        for twin, steps in ((task, observed["eager"]), (ref, observed["float64"])):
-            steps.append(steps[0] if repeats else _host(twin.observe(twin.model)))
-        torch.save(observed, path)
+        for twin, observed in twins:
+            observed["second"] = observed["first"] if repeats else _host(twin.observe(twin.model))
+            twin.rewind()
+            with twin.fed(fresh):
+                observed["fresh"] = _host(twin.observe(twin.model))
+        torch.save({**steps, "inputs": fresh}, path)
+
+    def _prepare(self, task: Task) -> Any:
+        """`task`'s model as the variant runs it, and its optimizer's step (compiled too with
+        compile_optimizer: the whole iteration, as the paper's harness compiles it)."""
+        if task.optimizer is not None:
+            task.optimizer_step = self.spec.variant.optimizer_step(task.optimizer, self.spec.compile_optimizer)
+        return self.spec.variant.apply(task.model)
+
+    def _checked_steps(self, task: Task, fn: Any, fresh: Any) -> Iterator[tuple[str, str | None, dict | None]]:
+        """The steps that numerics checks, as (when, the reference's step it matches, the observation): the
+        first (compiled, run without graphs), the second (where graphs are recorded, and GraCE's PI and SCG
+        run a partition more than once), ("warmed up", None, None) after the other warm-up steps, then a
+        step of the task rewound to its initial state (graphs replayed) and one from there on fresh inputs
+        (a replay that reads its old inputs gets it wrong)."""
+        yield "step 1", "first", task.observe(fn)
+        yield "step 2", "second", task.observe(fn)
+        for _ in range(self.spec.warmup - 1):
+            task.step(fn)
+        yield "warmed up", None, None
+        task.rewind()
+        yield "a rewound step", "first", task.observe(fn)
+        task.rewind()
+        with task.fed(fresh):
+            yield "fresh inputs", "fresh", task.observe(fn)
+
+    def _judge(self, results: dict[str, Numerics], when: str, step: str, observation: dict, yardsticks: dict,
+               dtype: torch.dtype) -> None:
+        """Each part of `observation` against the reference's `step`, into `results`; in float64 eager
+        float64 is the reference itself (experiments/numerics.py)."""
+        float64 = dtype == torch.float64
+        for part, value in observation.items():
+            ref = yardsticks["float64"][step][part]
+            eager = ref if float64 else yardsticks["eager"][step][part]
+            results[f"{part} at {when}" + (" in float64" if float64 else "")] = compare(
+                value, eager, ref, dtype, self.spec.tolerance_floor, self.spec.tolerance_multiplier)
+
+    def _check_in_float64(self, yardsticks: dict) -> dict[str, Numerics]:
+        """The variant run in float64 from the task's initial state, through the steps the check takes
+        (_checked_steps), each judged at once; then dropped, with all it compiled and counted, before the
+        variant is compiled in its compute dtype."""
+        task = self.task.twin(torch.float64)
+        task.keep_initial()
+        fn = self._prepare(task)
+        results: dict[str, Numerics] = {}
+        for when, step, observation in self._checked_steps(task, fn, yardsticks["inputs"]):
+            if step is not None:
+                self._judge(results, when, step, observation, yardsticks, torch.float64)
+        del task, fn, observation
+        grace.reset()
+        forget_counters()
+        self._skip_reasons.clear()
+        self._graphs_from = len(grace.REPORTS)
+        self._release()
+        return results
 
     def setup(self, reference: str) -> Setup:
-        """Build, compile (the first step), warm up, then check numerics against the reference's steps
-        (Bench.reference): the first step (compiled, run without graphs), the second (where graphs are
-        recorded, and GraCE's PI and SCG run a partition more than once), and, once warmed up, a step of
-        the task rewound to its initial state (graphs replayed), against the reference's first."""
+        """Build; check the variant in float64 (_check_in_float64); compile in the compute dtype (the first
+        step), warm up, then check the steps that _checked_steps takes against the reference's
+        (Bench.reference) as they come."""
         spec = self.spec
         t0 = time.perf_counter()
+        # on every rank (the fresh inputs), mapped: the yardsticks are read only as they are compared
+        yardsticks = torch.load(reference, weights_only=False, mmap=True)
         self.task = self._task()
+        judged = self.rank == 0  # TP: the other ranks step in lockstep, and are not compared
+        results: dict[str, Numerics] = {}
+        float64_check_s = None
+        if spec.tp == 1:  # TP: the reference is the whole model, and so would be the float64 check
+            t64 = time.perf_counter()
+            results = self._check_in_float64(yardsticks)
+            float64_check_s = time.perf_counter() - t64
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if spec.tp > 1:  # this rank keeps its slice of the model; the reference is the whole model (TP1)
             tp.parallelize(spec.workload, self.task.model, self.rank, spec.tp, dist.group.WORLD)
         self.task.keep_initial()
-        workload = self.task.workload
-        self.fn = spec.variant.apply(self.task.model)
-        if self.task.optimizer is not None and spec.compile_optimizer:  # the whole iteration compiled
-            self.task.optimizer_step = spec.variant.apply(self.task.optimizer.step)
+        self.fn = self._prepare(self.task)
         synchronize(self.device)
         built = time.perf_counter()
-        first = self.task.observe(self.fn)
-        synchronize(self.device)
-        t1 = time.perf_counter()
-        first = _host(first)
-        second = _host(self.task.observe(self.fn))  # the first warm-up step
-        for _ in range(spec.warmup - 1):
-            self._step()
-        synchronize(self.device)
-        t2 = time.perf_counter()
-        if oom := capture_out_of_memory():  # a grace variant that would be measured without its graphs
-            raise torch.OutOfMemoryError(f"GraCE left a partition without a CUDA graph: {oom}")
-        self.task.rewind()
-        steady = self.task.observe(self.fn)
-        numerics = None
-        if self.rank == 0:  # the outputs checked (TP: the other ranks step in lockstep, and may still be
-            # stepping when rank 0's answer lets the sweep delete the reference)
-            yardsticks = torch.load(reference, weights_only=False)  # written by Bench.reference in this sweep
-            numerics = check(*_by_step({"step 1": (first, 0), "step 2": (second, 1), "a rewound step": (steady, 0)},
-                                       yardsticks),
-                             self.task.compute_dtype, spec.tolerance_floor, spec.tolerance_multiplier)
+        steps = self._checked_steps(self.task, self.fn, yardsticks["inputs"])
+        timed: list[float] = []
+        for when, step, observation in steps:
+            if step is None or step == "first" and not timed:
+                synchronize(self.device)
+                timed.append(time.perf_counter())  # after the first step, and after the warm-up
+            if step is None:
+                if oom := capture_out_of_memory(self._graphs_from):  # it would be measured without its graphs
+                    raise torch.OutOfMemoryError(f"GraCE left a partition without a CUDA graph: {oom}")
+            elif judged:
+                self._judge(results, when, step, observation, yardsticks, self.task.compute_dtype)
+        numerics = judge(results) if judged else None
         self._release()
-        return Setup(workload.batch, built - t0, t1 - built, t2 - t1, time.perf_counter() - t2, numerics)
+        t1, t2 = timed
+        return Setup(self.task.workload.batch, built - t0 - (float64_check_s or 0), t1 - built, t2 - t1,
+                     time.perf_counter() - t2, float64_check_s, numerics)
 
     def close(self) -> None:
         """Drop the compiled model and free every CUDA graph recorded (grace.reset: stock graph trees
@@ -230,6 +284,7 @@ class Bench:
     def diagnostics(self) -> Diagnostics:
         """Called after profiling; for a grace variant it runs one more step to count what it replays."""
         peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
-        summary = grace.explain_call(self._step).summary() if self.spec.variant.uses_grace else None
+        summary = (grace.explain_call(self._step, self._graphs_from).summary() if self.spec.variant.uses_grace
+                   else None)
         return Diagnostics(peak, cudagraph_skips(), list(dict.fromkeys(self._skip_reasons)), **dynamo_stats(),
                            grace=summary, shape_padding=shape_padding_choices())

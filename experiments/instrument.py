@@ -21,6 +21,12 @@ def cudagraph_skips() -> int:
     return _counters["inductor"]["cudagraph_skips"]
 
 
+def forget_counters() -> None:
+    """Zero what cudagraph_skips and dynamo_stats count (Dynamo's reset keeps it): what a process compiled
+    before is not counted against what it compiles next."""
+    _counters.clear()
+
+
 def dynamo_stats() -> dict[str, object]:
     """Graph breaks and distinct graphs compiled by Dynamo in this process, and why Dynamo broke a graph
     or gave up on a frame (the first line of each of its "unimplemented" messages; a frame it skipped,

@@ -171,7 +171,7 @@ class Sweep:
         start = self._started = time.monotonic()
         available = []
         for v in variants:
-            reason = v.unavailable_reason(self.env.device) or self._tp_unavailable()
+            reason = v.unavailable_reason(self.env.device, entry.mode) or self._tp_unavailable()
             if reason:
                 self._unmeasured(entry, run, v, "skipped", reason)
             else:
@@ -325,11 +325,11 @@ class Sweep:
             status = "mismatch"
             n = setup.numerics
             reason = (f"{n.part} off: rel_err {n.rel_err:.3g} against float64 > tolerance {n.tolerance:.3g} "
-                      f"(eager's rel_err {n.eager_rel_err:.3g}, {n.dtype})") + (f"; {n.detail}" if n.detail else "")
+                      f"(eager's rel_err {n.eager_rel_err:.3g} in {n.dtype})") + (f"; {n.detail}" if n.detail else "")
             log.warning("%s / %s: %s", entry.name, v.name, reason)
         return self._record(
             entry, run, v, status, reason=reason, build_s=setup.build_s, compile_s=setup.compile_s,
-            warmup_s=setup.warmup_s, check_s=setup.check_s,
+            warmup_s=setup.warmup_s, check_s=setup.check_s, float64_check_s=setup.float64_check_s,
             iter_ms=iter_ms, median_ms=stats.median(all_ms), p25_ms=p25, p75_ms=p75,
             rank_median_ms=_rank_medians(rounds),
             baseline=self.cfg.baseline if compare_to_baseline else None,

@@ -8,7 +8,9 @@ train: one full step under autocast to the workload's train dtype (bfloat16 unle
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
@@ -36,18 +38,41 @@ class Task:
         self.mode = workload.mode
         torch.manual_seed(seed)
         model, inputs = workload.build()
-        self.input_sets = inputs if workload.varying_inputs else [inputs]  # step i takes set i mod len
         self.calls = 0
         if self.mode == "eval":
-            self.compute_dtype = workload.eval_dtype
+            self.compute_dtype = self.input_dtype = workload.eval_dtype
             self.model = model.eval().to(self.compute_dtype)
-            self.input_sets = pytree.tree_map(lambda x: _cast(x, self.compute_dtype), self.input_sets)
             self.optimizer = None
         else:
-            self.compute_dtype = workload.train_dtype
+            self.compute_dtype, self.input_dtype = workload.train_dtype, None  # train: autocast casts
             self.model = model.train()
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
         self.optimizer_step: Callable[[], object] | None = self.optimizer.step if self.optimizer else None
+        self.input_sets = self._sets(inputs)  # step i takes set i mod len
+
+    def _sets(self, inputs: Any) -> list:
+        """Inputs as built (one set, or a list with varying_inputs) as this task's steps take them: a list of
+        sets, on the workload's device, floating ones in the input dtype."""
+        sets = inputs if self.workload.varying_inputs else [inputs]
+        return pytree.tree_map(lambda x: _cast(x.to(self.workload.device), self.input_dtype or x.dtype)
+                               if isinstance(x, torch.Tensor) else x, sets)
+
+    def fresh_inputs(self, seed: int) -> Any:
+        """Inputs as built from another seed (the model built with them is dropped): other values of the
+        same shapes, for a step that a replay reading its old inputs would get wrong."""
+        torch.manual_seed(seed)
+        _, inputs = self.workload.build()
+        return inputs
+
+    @contextlib.contextmanager
+    def fed(self, inputs: Any) -> Iterator[None]:
+        """Within the block, steps take `inputs` (as fresh_inputs gives them), from their first set."""
+        kept, calls = self.input_sets, self.calls
+        self.input_sets, self.calls = self._sets(inputs), 0
+        try:
+            yield
+        finally:
+            self.input_sets, self.calls = kept, calls
 
     def step(self, fn: Callable) -> Any:
         """One iteration through `fn` (the model itself, or a compiled version of it)."""
@@ -97,13 +122,15 @@ class Task:
         self.calls = 0
 
     def observe(self, fn: Callable) -> dict[str, Any]:
-        """One step, and copies of what numerics compares, by part: eval the outputs; train the loss and
-        the gradients that the step applied, apart, so that a well-conditioned loss is held to its own
-        tolerance rather than drowned in the gradients'."""
-        out = self.step(fn)
+        """One step, and copies of what numerics compares, by part: eval the outputs; train the loss, the
+        gradients that the step applied and the change of the weights, apart, so that a well-conditioned
+        loss is held to its own tolerance rather than drowned in the gradients', and a lost update shows."""
         if self.optimizer is None:
-            return {"outputs": _detached_clone(out)}
-        return {"loss": out.clone(), "gradients": [_detached_clone(p.grad) for p in self.model.parameters()]}
+            return {"outputs": _detached_clone(self.step(fn))}
+        before = [p.detach().clone() for p in self.model.parameters()]
+        loss = self.step(fn)
+        return {"loss": loss.clone(), "gradients": [_detached_clone(p.grad) for p in self.model.parameters()],
+                "update": [p.detach() - b for p, b in zip(self.model.parameters(), before)]}
 
     def twin(self, dtype: torch.dtype | None = None) -> Task:
         """An independent eager copy in the same state (weights, optimizer state, inputs, which a workload
@@ -111,6 +138,7 @@ class Task:
         optimizer state cast to it (float64: the reference)."""
         twin = copy.copy(self)
         twin.model = copy.deepcopy(self.model)
+        twin.input_dtype = dtype or self.input_dtype
         twin.input_sets = pytree.tree_map(
             lambda x: _cast(x, dtype) if dtype is not None else x.clone() if isinstance(x, torch.Tensor) else x,
             self.input_sets)

@@ -348,19 +348,31 @@ def test_a_capture_out_of_memory_fails_the_setup_as_an_out_of_memory(tmp_path, m
     """GraCE runs a partition whose capture ran out of GPU memory without its graph (never the user's
     problem); the harness would then measure a variant without its graphs. Its setup fails instead, as
     out of memory, so the sweep sets it up again on its own (the test above)."""
+    import grace
     from experiments.bench import Bench, Spec
     from experiments.variants import Variant
     from grace import backend
     from grace.backend import GraphReport, Options
     from grace.runtime import Stats, Status
 
-    spec = Spec("mlp", "eval", None, "tiny", Variant("eager"), "cpu", 0, 1, {"bfloat16": 1e-2, "float32": 1e-5}, 3.0)
+    spec = Spec("mlp", "eval", None, "tiny", Variant("eager"), "cpu", 0, 1, {"bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-6}, 3.0)
     reference = str(tmp_path / "reference.pt")
     Bench(spec).reference(reference)
     assert Bench(spec).setup(reference).numerics.passed
     oom = "capture failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB."
-    monkeypatch.setattr(backend, "REPORTS", [GraphReport(0, Options(), partitions=[
-        Stats(0, False, 0), Stats(0, True, 1, status=Status.EAGER, reason=oom)])])
+    reports = list(backend.REPORTS)
+    monkeypatch.setattr(backend, "REPORTS", reports)
+    monkeypatch.setattr(grace, "REPORTS", reports)
+    prepare = Bench._prepare
+
+    def measured_instance_runs_out(bench, task):  # not the float64 check's instance, which runs first
+        fn = prepare(bench, task)
+        if task is bench.task:
+            reports.append(GraphReport(0, Options(), partitions=[
+                Stats(0, False, 0), Stats(0, True, 1, status=Status.EAGER, reason=oom)]))
+        return fn
+
+    monkeypatch.setattr(Bench, "_prepare", measured_instance_runs_out)
     with pytest.raises(torch.OutOfMemoryError, match="GraCE left a partition without a CUDA graph: capture failed") as e:
         Bench(spec).setup(reference)
     assert sweep_module._out_of_memory(f"setup: {type(e.value).__name__}: {e.value}")
@@ -384,7 +396,7 @@ def test_numerics_catch_a_variant_wrong_only_on_the_step_that_records(tmp_path):
     from experiments.variants import Variant
 
     def setup(variant):
-        spec = Spec("mlp", "eval", None, "tiny", variant, "cpu", 0, 2, {"bfloat16": 1e-2, "float32": 1e-5}, 3.0)
+        spec = Spec("mlp", "eval", None, "tiny", variant, "cpu", 0, 2, {"bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-6}, 3.0)
         reference = str(tmp_path / f"{variant.name}.pt")
         Bench(spec).reference(reference)
         return Bench(spec).setup(reference).numerics
@@ -392,7 +404,8 @@ def test_numerics_catch_a_variant_wrong_only_on_the_step_that_records(tmp_path):
     torch._dynamo.reset()
     assert setup(Variant("eager")).passed
     n = setup(Variant("second", compile={"backend": "tests.harness.test_sweep:wrong_on_its_second_call"}))
-    assert not n.passed and n.part == "outputs at step 2" and n.detail == "failed: outputs at step 2", n
+    assert not n.passed and n.part == "outputs at step 2 in float64", n
+    assert n.detail == "failed: outputs at step 2 in float64, outputs at step 2", n
 
 
 def test_spread_measures_each_workload_twice_with_fresh_processes(make_cfg):
@@ -438,7 +451,7 @@ def test_the_optimizers_step_is_compiled_with_the_variant_when_asked(tmp_path):
 
     torch._dynamo.reset()
     inductor = Variant("inductor", compile={"backend": "inductor"})
-    spec = Spec("dcgan", "train", None, "tiny", inductor, "cpu", 0, 2, {"bfloat16": 1e-2, "float32": 1e-5}, 3.0,
+    spec = Spec("dcgan", "train", None, "tiny", inductor, "cpu", 0, 2, {"bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-6}, 3.0,
                 compile_optimizer=True)
     reference = str(tmp_path / "reference.pt")
     Bench(spec).reference(reference)
