@@ -287,29 +287,60 @@ def spread(records: Iterable[Record]) -> str:
             "(median of each measurement, oldest first).\n\n" + _markdown(table, ".3g") + "\n")
 
 
+def _rounds(record: dict) -> list[list[float]]:
+    """A corpus record's times by round; records before iter_us kept one mean per round."""
+    return record.get("iter_us") or [[x] for x in record.get("rounds_us") or []]
+
+
 def corpus(records: Sequence[dict], stock: Sequence[str] = ("inductor", "pt2_cg"),
            ours: Sequence[str] = ("grace", "grace_all")) -> tuple[pd.DataFrame, pd.DataFrame]:
     """From the corpus's records (experiments.corpus), the newest per program and variant: how many of
-    each status per variant, and per program each of `ours` over the faster stock variant that ran ok,
-    slowest first (a ratio from one session's rotating rounds, without an interval)."""
+    each status per variant, and per program each of `ours` that ran ok over the faster stock variant
+    that ran ok (its time over that one's), with the 95 % interval of a paired bootstrap over their
+    rounds and the verdict (slower or faster beyond noise, or within it), slowest first."""
     newest = {(r["program"], r["variant"]): r for r in records}
     df = pd.DataFrame(newest.values())
     rates = df.pivot_table(index="variant", columns="status", values="program", aggfunc="count", fill_value=0)
     rates["programs"] = rates.sum(axis=1)
-    ok = df[df["status"] == "ok"].pivot_table(index="program", columns="variant", values="median_us")
-    best = ok[[v for v in stock if v in ok]].min(axis=1)
-    vs = pd.DataFrame({f"{v} / best stock": ok[v] / best for v in ours if v in ok})
-    vs["best stock"] = ok[[v for v in stock if v in ok]].idxmin(axis=1)
-    return rates.rename_axis(None, axis=1), vs.sort_values(vs.columns[0], ascending=False)
+    rows = []
+    for program in dict.fromkeys(df["program"]):
+        ok = {v: newest[(program, v)] for v in (*stock, *ours)
+              if (program, v) in newest and newest[(program, v)]["status"] == "ok"
+              and newest[(program, v)].get("median_us")}
+        best = min((v for v in stock if v in ok), key=lambda v: ok[v]["median_us"], default=None)
+        if best is None:
+            continue
+        row = {"program": program, "best stock": best}
+        for v in ours:
+            if v not in ok:
+                continue
+            a, b = _rounds(ok[v]), _rounds(ok[best])
+            row[f"{v} / best stock"] = ok[v]["median_us"] / ok[best]["median_us"]
+            if len(a) == len(b) > 1:
+                _, (low, high) = stats.speedup_interval(a, b)
+                row[f"{v} low"], row[f"{v} high"] = low, high
+                row[f"{v} verdict"] = "slower" if low > 1 else "faster" if high < 1 else "within noise"
+        rows.append(row)
+    vs = pd.DataFrame(rows).set_index("program") if rows else pd.DataFrame()
+    if not vs.empty:
+        vs = vs.sort_values(f"{ours[0]} / best stock", ascending=False)
+    return rates.rename_axis(None, axis=1), vs
 
 
 def corpus_markdown(records: Sequence[dict]) -> str:
     rates, vs = corpus(records)
-    means = {c: stats.geomean(vs[c].dropna().tolist()) for c in vs.columns if c.endswith("best stock") and c != "best stock"}
+    ratios = [c for c in vs.columns if c.endswith("/ best stock")]
+    summary = []
+    for c in ratios:
+        v = c.split(" /")[0]
+        verdicts = vs[f"{v} verdict"].value_counts() if f"{v} verdict" in vs else pd.Series(dtype=int)
+        summary.append(f"{v} {stats.geomean(vs[c].dropna().tolist()):.3g} (slower beyond noise on "
+                       f"{verdicts.get('slower', 0)} of {int(vs[c].notna().sum())} programs, faster on "
+                       f"{verdicts.get('faster', 0)})")
     return ("\n### The corpus\n\nStatus per variant (one record per program):\n\n" + rates.to_markdown()
-            + "\n\nTime over the faster of inductor and pt2_cg, geomean: "
-            + ", ".join(f"{c.split(' /')[0]} {g:.3g}" for c, g in means.items())
-            + "; the ten slowest programs:\n\n" + _markdown(vs.head(10).rename_axis("program"), ".3g") + "\n")
+            + "\n\nTime over the faster of inductor and pt2_cg, geomean: " + "; ".join(summary)
+            + ". The ten slowest programs (low, high: the 95 % interval):\n\n"
+            + _markdown(vs.head(10).rename_axis("program"), ".3g") + "\n")
 
 
 def splice(text: str, into: Path, section: str = "results") -> None:

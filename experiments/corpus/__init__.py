@@ -93,7 +93,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_program(name: str, device: torch.device, variants: list[str], calls: int = 4, rounds: int = 5,
+def run_program(name: str, device: torch.device, variants: list[str], calls: int = 4, rounds: int = 10,
                 iters: int = 5) -> list[dict]:
     """One record per variant: status, why, and where it ran, its latency and kernels in graphs."""
     builder = PROGRAMS[name]
@@ -135,10 +135,11 @@ def run_program(name: str, device: torch.device, variants: list[str], calls: int
 
 def _time(built: dict[str, Program], records: dict[str, dict], device: torch.device, call: int, rounds: int,
           iters: int) -> None:
-    """Per variant, the median over rounds of microseconds per synchronized call, the variants in turn
-    (rotating who goes first); on a GPU, kernels per call and the share replayed from CUDA graphs."""
+    """Per variant, microseconds of each synchronized call, by round (`iter_us`), the variants in turn
+    (rotating who goes first), and their median; on a GPU, kernels per call and the share replayed from
+    CUDA graphs."""
     names = list(built)
-    times: dict[str, list[float]] = {v: [] for v in names}
+    times: dict[str, list[list[float]]] = {v: [] for v in names}
     for rnd in range(rounds):
         for v in names[rnd % len(names):] + names[:rnd % len(names)]:
             p = built[v]
@@ -146,19 +147,21 @@ def _time(built: dict[str, Program], records: dict[str, dict], device: torch.dev
             try:
                 p.step(*args)
                 _sync(device)
-                t0 = time.perf_counter()
+                per_call = []
                 for _ in range(iters):
+                    t0 = time.perf_counter()
                     p.step(*args)
                     _sync(device)
-                times[v].append((time.perf_counter() - t0) * 1e6 / iters)
+                    per_call.append((time.perf_counter() - t0) * 1e6)
+                times[v].append(per_call)
             except Exception as e:  # a variant that ran its checks but fails when called again
                 records[v].update(status="crash", reason=f"timing: {_error(e)}")
                 built.pop(v)
                 names.remove(v)
                 break
     for v, p in built.items():
-        records[v]["median_us"] = statistics.median(times[v]) if times[v] else None
-        records[v]["rounds_us"] = times[v]
+        records[v]["median_us"] = statistics.median(x for r in times[v] for x in r) if times[v] else None
+        records[v]["iter_us"] = times[v]
         if device.type == "cuda":
             k = count(trace(lambda p=p: p.step(*p.inputs(call))))
             records[v]["kernels"], records[v]["kernels_in_graphs"] = k.kernels, k.in_graphs

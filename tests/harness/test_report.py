@@ -1,5 +1,6 @@
 import dataclasses
 import math
+import random
 
 import pandas as pd
 import pytest
@@ -186,13 +187,19 @@ def test_the_table_takes_the_baseline_of_graces_session():
 
 
 def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
-    def r(program, variant, status="ok", us=None):
-        return {"program": program, "variant": variant, "status": status, "median_us": us}
+    noise = random.Random(0)
+
+    def r(program, variant, status="ok", us=None, jitter=0.01):  # each round drifts by up to +-jitter
+        rounds = [[us * (1 + jitter * (2 * noise.random() - 1))] * 5 for _ in range(10)] if us else None
+        return {"program": program, "variant": variant, "status": status, "median_us": us, "iter_us": rounds}
 
     records = [r("a", "inductor", us=10), r("a", "pt2_cg", us=5), r("a", "grace", us=6), r("a", "grace_all", us=4),
                r("b", "inductor", us=10), r("b", "pt2_cg", "crash"), r("b", "grace", us=5), r("b", "grace_all", us=20),
-               r("b", "grace", us=8)]  # measured again: the newest counts
+               r("b", "grace", us=8), r("c", "inductor", us=10), r("c", "grace", us=10, jitter=0.3)]  # the newest counts
     rates, vs = report.corpus(records)
-    assert rates.loc["pt2_cg", "crash"] == 1 and rates.loc["grace", "ok"] == 2 and rates.loc["grace", "programs"] == 2
-    assert list(vs.index) == ["a", "b"] and vs.loc["a", "grace / best stock"] == 1.2 and vs.loc["b", "best stock"] == "inductor"
+    assert rates.loc["pt2_cg", "crash"] == 1 and rates.loc["grace", "ok"] == 3 and rates.loc["grace", "programs"] == 3
+    assert list(vs.index) == ["a", "c", "b"] and vs.loc["a", "grace / best stock"] == 1.2 and vs.loc["b", "best stock"] == "inductor"
     assert vs.loc["b", "grace / best stock"] == 0.8 and vs.loc["b", "grace_all / best stock"] == 2.0
+    assert vs.loc["a", "grace low"] > 1 and list(vs["grace verdict"]) == ["slower", "within noise", "faster"]
+    text = report.corpus_markdown(records)
+    assert "grace 0.986 (slower beyond noise on 1 of 3 programs, faster on 1)" in text
