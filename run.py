@@ -2,7 +2,8 @@
 
     python run.py experiment=smoke                                   # the main job
     python run.py -m experiment=full 'workload=ALNET,DLRM,EOS'       # a Hydra multirun: one job per workload
-    python run.py -m experiment=full hydra/launcher=joblib gpus=4    # ... four side by side, one GPU each
+    python run.py -m experiment=full hydra/launcher=gpus gpus=4      # ... four side by side, one GPU each
+    python run.py experiment=corpus 'corpus.programs=[timm/]'        # the corpus (experiments/corpus/)
 
 Records are appended to results/<experiment_name>/<device>/records.jsonl; see conf/config.yaml.
 """
@@ -56,8 +57,23 @@ def unknown_choice(args: list[str]) -> str | None:
     return None
 
 
+def run_corpus(cfg: DictConfig) -> None:
+    from experiments import corpus, gpus
+
+    try:
+        programs = corpus.select(list(cfg.corpus.programs), list(cfg.corpus.variants))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    with gpus.one_of(cfg.gpus):
+        path = corpus.run(programs, list(cfg.corpus.variants), Path(cfg.results_dir) / "corpus", cfg.force)
+    log.info("records: %s", path.resolve())
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    if cfg.corpus is not None:
+        return run_corpus(cfg)
     from experiments import figures, gpus  # heavy (torch, pandas): after the config is known to be good
     from experiments.sweep import ConfigError, Sweep
 

@@ -32,6 +32,12 @@ class Measure:
 
 
 @dataclass
+class Corpus:
+    programs: list[str] = field(default_factory=list)  # names or families (timm/, hazards/); []: all
+    variants: list[str] = field(default_factory=lambda: ["eager", "inductor", "pt2_cg", "grace", "grace_all"])
+
+
+@dataclass
 class Config:
     workload: dict[str, Any] = field(default_factory=dict)
     variant: dict[str, Any] = field(default_factory=dict)
@@ -46,6 +52,7 @@ class Config:
     tp: int = 1
     gpus: Optional[int] = None
     figure: bool = True
+    corpus: Optional[Corpus] = None  # set (experiment=corpus): run the corpus instead of a sweep
 
 
 _store = ConfigStore.instance()  # registered on import: run.py, the tests and notebooks compose alike

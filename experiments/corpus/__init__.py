@@ -2,7 +2,9 @@
 runs (ok, mismatch against eager, crash with the error's class and first line), how fast (interleaved
 rounds) and how much of it CUDA graphs replay.
 
+    python run.py experiment=corpus ['corpus.programs=[timm/]']     # or, without Hydra:
     python -m experiments.corpus [--out results/corpus] [--only NAME|FAMILY/ ...] [--force]
+    python run.py -m experiment=corpus 'corpus.programs=[hazards/],[timm/],[hf/]' hydra/launcher=gpus gpus=3
 
 One process runs every program in turn; a program's variants are built side by side from the same seed
 and timed in rotating rounds. Records are appended to <out>/<device>/records.jsonl, one per (program,
@@ -18,6 +20,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
@@ -167,30 +170,47 @@ def _time(built: dict[str, Program], records: dict[str, dict], device: torch.dev
             records[v]["kernels"], records[v]["kernels_in_graphs"] = k.kernels, k.in_graphs
 
 
+def select(only: Sequence[str] = (), variants: Sequence[str] = tuple(VARIANTS)) -> list[str]:
+    """The programs named in `only`, or of its families ('timm/', 'hazards/'); all when it is empty.
+    ValueError, in one line, for an unknown program, family or variant, or variants not led by eager."""
+    def of(o: str, n: str) -> bool:
+        return n == o or (o == "hazards/" and n in HAZARDS) or (o.endswith("/") and n.startswith(o))
+
+    unknown = [o for o in only if not any(of(o, n) for n in PROGRAMS)] + sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown program, family or variant {unknown} (families: hazards/, torchvision/, timm/, hf/)")
+    if list(variants[:1]) != ["eager"]:
+        raise ValueError("the variants must start with eager, the reference")
+    return [n for n in PROGRAMS if not only or any(of(o, n) for o in only)]
+
+
+def run(programs: Sequence[str], variants: Sequence[str], out: Path, force: bool = False) -> Path:
+    """Run `programs` (select) with `variants`, appending to <out>/<device>/records.jsonl; returns its path."""
+    env = environment.current()
+    device = torch.device("cuda" if env.device == "cuda" else "cpu")
+    path = out / environment.device_tag(env) / "records.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = set() if force or not path.is_file() else {
+        r["program"] for r in map(json.loads, path.read_text().splitlines()) if r["env"]["git_commit"] == env.git_commit}
+    for name in tqdm([n for n in programs if n not in done], desc="corpus", unit="program"):
+        lines = [json.dumps({**record, "env": dataclasses.asdict(env)}, sort_keys=True, default=str) + "\n"
+                 for record in run_program(name, device, list(variants))]
+        with path.open("a") as f:  # a program's records in one write: jobs side by side share the file
+            f.write("".join(lines))
+    return path
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("results/corpus"))
-    p.add_argument("--only", nargs="*", help="programs, or families ('timm/'), to run (default: all)")
+    p.add_argument("--only", nargs="*", default=[], help="programs, or families ('timm/', 'hazards/'), to run (default: all)")
     p.add_argument("--variants", nargs="*", default=list(VARIANTS))
     p.add_argument("--force", action="store_true", help="run again what this commit recorded")
     args = p.parse_args(argv)
-    chosen = [n for n in PROGRAMS if not args.only or any(n == o or (o.endswith("/") and n.startswith(o))
-                                                           for o in args.only)]
-    unknown = [o for o in args.only or () if not any(n == o or n.startswith(o) for n in chosen)]
-    unknown += sorted(set(args.variants) - set(VARIANTS))
-    if unknown or args.variants[:1] != ["eager"]:
-        print(f"error: unknown program, family or variant {unknown}" if unknown
-              else "error: --variants must start with eager, the reference", file=sys.stderr)
+    try:
+        programs = select(args.only, args.variants)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    env = environment.current()
-    device = torch.device("cuda" if env.device == "cuda" else "cpu")
-    path = args.out / environment.device_tag(env) / "records.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    done = set() if args.force or not path.is_file() else {
-        r["program"] for r in map(json.loads, path.read_text().splitlines()) if r["env"]["git_commit"] == env.git_commit}
-    for name in tqdm([n for n in chosen if n not in done], desc="corpus", unit="program"):
-        for record in run_program(name, device, args.variants):
-            with path.open("a") as f:
-                f.write(json.dumps({**record, "env": dataclasses.asdict(env)}, sort_keys=True, default=str) + "\n")
-    print(path)
+    print(run(programs, args.variants, args.out, args.force))
     return 0

@@ -34,6 +34,7 @@ def recorded(tmp_path):
     (["experiment=smoke", "measure.rounds=abc"], "Error merging override measure.rounds=abc"),
     (["experiment=smoke", "workload=[alexnet]"], "error: unknown workload 'alexnet' (the model of ALNET: use that)"),
     (["experiment=smoke", "+variant.x.dynamo.no_such_setting=1"], "torch._dynamo.config has no setting 'no_such_setting'"),
+    (["experiment=corpus", "corpus.programs=[nope/]"], "error: unknown program, family or variant ['nope/']"),
 ])
 def test_bad_input(tmp_path, recorded, args, message):
     before = hashlib.sha256(recorded.read_bytes()).hexdigest()
@@ -67,3 +68,13 @@ def test_multirun_runs_one_job_per_workload_through_hydras_launchers(tmp_path, l
     records = [json.loads(line) for line in lines]
     assert sorted(r["workload"] for r in records) == ["cpu_scalar", "eos_chain", "mlp"]
     assert len({r["session"] for r in records}) == 3 and {r["status"] for r in records} == {"ok"}
+
+
+def test_the_corpus_runs_as_an_experiment(tmp_path):
+    proc = _run(tmp_path, "experiment=corpus", "corpus.programs=[python_int_argument]",
+                "corpus.variants=[eager,inductor]")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "corpus" / "cpu" / "records.jsonl").read_text().splitlines()]
+    assert [(r["program"], r["variant"], r["status"]) for r in records] == [
+        ("python_int_argument", "eager", "ok"), ("python_int_argument", "inductor", "ok")]
+    assert len(records[1]["iter_us"]) == 10 and all(len(r) == 5 for r in records[1]["iter_us"])
