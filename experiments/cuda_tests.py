@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 RUNS = Path("results/cuda_tests/nvidia-h200/runs.jsonl")
-COMMAND = "python3 -m pytest -q -m cuda -p no:cacheprovider --durations=12"
+COMMAND = "python3 -m pytest -q -m cuda -p no:cacheprovider --durations=12"  # scripts/device_run.sh's
 
 
 def counts(summary: str) -> dict[str, int]:
@@ -32,13 +32,13 @@ def grace_tree(commit: str) -> str:
                           check=True).stdout.strip()
 
 
-def record(log: Path, commit: str, device: str, torch: str, runs: Path = RUNS) -> dict:
+def record(log: Path, commit: str, device: str, torch: str, runs: Path = RUNS, command: str = COMMAND) -> dict:
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     summary = next((line.strip("= ") for line in reversed(lines) if re.search(r"\d+ (passed|failed)", line)), None)
     if summary is None:
         raise ValueError(f"{log}: no pytest summary line (did the run finish?)")
     full = subprocess.run(["git", "rev-parse", commit], capture_output=True, text=True, check=True).stdout.strip()
-    entry = {"command": COMMAND, "commit": full, "grace_tree": grace_tree(full),
+    entry = {"command": command, "commit": full, "grace_tree": grace_tree(full),
              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
              "device": device, "torch": torch, **counts(summary), "summary": summary}
     runs.parent.mkdir(parents=True, exist_ok=True)
@@ -70,11 +70,12 @@ def main(argv=None) -> int:
     r.add_argument("--device", default="NVIDIA H200")
     r.add_argument("--torch", default="2.11.0+cu130")
     r.add_argument("--runs", type=Path, default=RUNS)
+    r.add_argument("--command", default=COMMAND, help="the command the GPU machine ran")
     sub.add_parser("status", help="print the README's status line")
     args = p.parse_args(argv)
     try:
         if args.what == "record":
-            print(json.dumps(record(args.log, args.commit, args.device, args.torch, args.runs)))
+            print(json.dumps(record(args.log, args.commit, args.device, args.torch, args.runs, args.command)))
         else:
             print(status(), end="")
     except (ValueError, OSError, subprocess.CalledProcessError) as e:

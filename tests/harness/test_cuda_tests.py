@@ -20,6 +20,9 @@ def test_a_recorded_run_makes_the_status_line(tmp_path):
     line = cuda_tests.status(runs)
     assert "NVIDIA H200" in line and "1 failed" in line and "grace/ is unchanged since" in line
     assert cuda_tests.status(tmp_path / "none.jsonl") == "CUDA tests: never run on a GPU.\n"
+    assert entry["command"] == cuda_tests.COMMAND
+    other = cuda_tests.record(log, "HEAD", "gpu", "t", runs, command="pytest -m cuda tests/harness")
+    assert json.loads(runs.read_text().splitlines()[1])["command"] == other["command"] == "pytest -m cuda tests/harness"
 
 
 def test_a_log_without_a_summary_is_refused(tmp_path):
