@@ -34,7 +34,7 @@ class Measure:
 @dataclass
 class Corpus:
     programs: list[str] = field(default_factory=list)  # names or families (timm/, hazards/); []: all
-    variants: list[str] = field(default_factory=lambda: ["eager", "inductor", "pt2_cg", "grace", "grace_all"])
+    variants: list[str] = field(default_factory=lambda: ["eager", "inductor", "pt2_cg", "grace"])
 
 
 @dataclass

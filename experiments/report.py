@@ -292,13 +292,27 @@ def _rounds(record: dict) -> list[list[float]]:
     return record.get("iter_us") or [[x] for x in record.get("rounds_us") or []]
 
 
-def corpus(records: Sequence[dict], stock: Sequence[str] = ("inductor", "pt2_cg"),
-           ours: Sequence[str] = ("grace", "grace_all")) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _grace_variant(record: dict) -> str:
+    """A corpus record's variant, GraCE's named by the options it ran: `grace` with all three on, else
+    `grace (cgct)` and the like. Records before `options` was kept: `grace_all` ran all three, `grace`
+    the defaults of then (CGCT only)."""
+    if record["variant"] not in ("grace", "grace_all"):
+        return record["variant"]
+    kept = (record.get("grace") or {}).get("options")
+    if kept:
+        on = [k for k, v in kept[0].items() if v]
+    else:
+        on = ["cgct", "pi", "scg"] if record["variant"] == "grace_all" else ["cgct"]
+    return "grace" if on == ["cgct", "pi", "scg"] else f"grace ({'+'.join(on) or 'runtime'})"
+
+
+def corpus(records: Sequence[dict], stock: Sequence[str] = ("inductor", "pt2_cg")) -> tuple[pd.DataFrame, pd.DataFrame]:
     """From the corpus's records (experiments.corpus), the newest per program and variant: how many of
-    each status per variant, and per program each of `ours` that ran ok over the faster stock variant
-    that ran ok (its time over that one's), with the 95 % interval of a paired bootstrap over their
-    rounds and the verdict (slower or faster beyond noise, or within it), slowest first."""
-    newest = {(r["program"], r["variant"]): r for r in records}
+    each status per variant, and per program each GraCE variant that ran ok over the faster stock
+    variant that ran ok (its time over that one's), with the 95 % interval of a paired bootstrap over
+    their rounds and the verdict (slower or faster beyond noise, or within it), slowest first."""
+    newest = {(r["program"], _grace_variant(r)): {**r, "variant": _grace_variant(r)} for r in records}
+    ours = sorted({v for _, v in newest if v.startswith("grace")})
     df = pd.DataFrame(newest.values())
     rates = df.pivot_table(index="variant", columns="status", values="program", aggfunc="count", fill_value=0)
     rates["programs"] = rates.sum(axis=1)

@@ -1,7 +1,8 @@
 """`torch.compile(model, backend="grace")`: Inductor, with GraCE's runtime owning the CUDA graphs.
 
     torch.compile(model, backend="grace")                              # every optimization on
-    torch.compile(model, backend="grace", options={"cgct": False})     # the runtime alone
+    torch.compile(model, backend="grace", options={"scg": False})      # CGCT and PI, a graph everywhere
+    torch.compile(model, backend="grace", options={"cgct": False, "pi": False, "scg": False})  # the runtime alone
 
 Per Dynamo graph: the CGCT passes rewrite it (grace.cgct), Inductor compiles it (forward and, for
 training, backward) split into CUDA-graph partitions, and grace.runtime captures and replays each
@@ -30,8 +31,8 @@ log = logging.getLogger("grace")
 @dataclasses.dataclass(frozen=True)
 class Options:
     cgct: bool = True  # CUDA-Graph-aware code transformations (grace.cgct)
-    pi: bool = False  # parameter indirection: replays read non-static inputs in place (grace.pi)
-    scg: bool = False  # selective CUDA graphs: per recording, graph or not, by cost (grace.scg)
+    pi: bool = True  # parameter indirection: replays read non-static inputs in place (grace.pi)
+    scg: bool = True  # selective CUDA graphs: per recording, graph or not, by cost (grace.scg)
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None) -> Options:

@@ -71,6 +71,7 @@ class Explanation:
             return int(sum((r[column] or 0) * (r[times] if times else 1) for r in rows))
 
         return {
+            "options": [dict(o) for o in dict.fromkeys(tuple(dataclasses.asdict(g.options).items()) for g in self.graphs)],
             "graphs": len(self.graphs),
             "partitions": len(rows),
             "captured": sum(r["status"] == "captured" for r in rows),

@@ -69,7 +69,7 @@ def measure(name: str, size: str, calls: int, rounds: int) -> dict:
         for _ in range(3):
             part(list(inputs))
         ways = {"bare": bare_replay(compiled, inputs), "partition": lambda: part(list(inputs))}
-        for way, kwargs in {"runtime": {"backend": "grace", "options": {"cgct": False}},
+        for way, kwargs in {"runtime": {"backend": "grace", "options": {"cgct": False, "pi": False, "scg": False}},
                             "pt2_cg": {"mode": "reduce-overhead"}, "inductor": {}}.items():
             torch.compiler.reset()
             compiled = torch.compile(model, **kwargs)

@@ -73,6 +73,12 @@ def test_explain_on_cpu_says_why_nothing_is_captured():
     assert "graph" in str(e)
 
 
+def test_the_default_is_graces_three_optimizations_and_explain_says_which_ran():
+    assert grace.Options() == grace.Options(cgct=True, pi=True, scg=True)
+    s = grace.explain(_mlp(), torch.randn(2, 8), options={"scg": False}).summary()
+    assert s["options"] == [{"cgct": True, "pi": True, "scg": False}]
+
+
 def test_explain_says_why_calls_of_captured_partitions_ran_without_their_graphs():
     from grace.backend import GraphReport, Options
     from grace.explain import Explanation

@@ -9,6 +9,7 @@ import torch
 import grace
 
 pytestmark = pytest.mark.cuda
+RUNTIME = {"pi": False, "scg": False}  # CGCT and the runtime's own capture and replay, without PI or SCG
 
 
 def _mlp(seed=0):
@@ -19,14 +20,14 @@ def _mlp(seed=0):
 @torch.no_grad()
 def test_inference_is_captured_replayed_and_matches_eager_on_new_inputs():
     model, x = _mlp(), torch.randn(16, 32, device="cuda")
-    e = grace.explain(model, x)
+    e = grace.explain(model, x, options=RUNTIME)
     s = e.summary()
     assert s["partitions"] >= 1 and s["captured"] == s["partitions"], str(e)
     assert s["replays_per_call"] == s["partitions"] and s["calls_without_graph"] == 0
     assert s["bytes_copied_per_call"] == x.numel() * 4  # the input, as stock graph trees copy it
     assert s["kernels_in_graphs"] >= 2
     assert s["kernels_launched"] >= s["kernels_in_graphs"] and s["kernels_outside_graphs"] <= 1  # the copy, at most
-    compiled = torch.compile(model, backend="grace")
+    compiled = torch.compile(model, backend="grace", options=RUNTIME)
     for i in range(4):  # warm-up, record, replays: each on inputs of its own
         x = torch.randn(16, 32, device="cuda")
         torch.testing.assert_close(compiled(x), model(x))
@@ -34,7 +35,7 @@ def test_inference_is_captured_replayed_and_matches_eager_on_new_inputs():
 
 def test_training_captures_forward_and_backward_and_matches_eager():
     model, twin = _mlp(), _mlp()
-    compiled = torch.compile(model, backend="grace")
+    compiled = torch.compile(model, backend="grace", options=RUNTIME)
     opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
     for i in range(4):
         x = torch.randn(16, 32, device="cuda")
@@ -61,7 +62,7 @@ def decode_step(cache, x, pos):
 def test_an_input_mutated_in_place_is_captured_in_place():
     cache, eager_cache = torch.zeros(4, 8, device="cuda"), torch.zeros(4, 8, device="cuda")
     pos = torch.zeros(1, dtype=torch.long, device="cuda")
-    compiled = torch.compile(decode_step, backend="grace")
+    compiled = torch.compile(decode_step, backend="grace", options=RUNTIME)
     for step in range(6):
         x = torch.randn(4, 1, device="cuda")
         pos.fill_(step)
@@ -71,7 +72,7 @@ def test_an_input_mutated_in_place_is_captured_in_place():
     assert stats and all(s.status == "captured" and s.replays >= 4 for s in stats), stats
 
 
-@pytest.mark.parametrize("options", [{}, {"pi": True}])
+@pytest.mark.parametrize("options", [RUNTIME, {"pi": True, "scg": False}])
 def test_a_mutated_input_that_moves_every_call_is_copied_in_and_back(options):
     """A new cache every call: recorded in place three times, then copied in and copied back."""
     torch.compiler.reset()
@@ -94,7 +95,7 @@ def test_a_mutated_input_that_moves_every_call_is_copied_in_and_back(options):
 def test_outputs_still_held_are_not_overwritten_by_the_next_call():
     torch.compiler.reset()  # a graph of its own: Dynamo would reuse an earlier test's for the same module type
     model = _mlp()
-    compiled = torch.compile(model, backend="grace")
+    compiled = torch.compile(model, backend="grace", options=RUNTIME)
     compiled(torch.randn(16, 32, device="cuda"))  # warm-up
     x1, x2, x3 = (torch.randn(16, 32, device="cuda") for _ in range(3))
     y1 = compiled(x1)  # recorded and replayed: y1 lives in the graph's memory
@@ -123,14 +124,27 @@ class Schedule(torch.nn.Module):
 def test_cgct_moves_a_cpu_schedule_to_the_gpu_and_the_graph_captures_whole():
     model = Schedule().cuda()
     x = torch.randn(4, 16, device="cuda")
-    e = grace.explain(model, x, 3)
+    e = grace.explain(model, x, 3, options=RUNTIME)
     s = e.summary()
     assert any(n.startswith("cpu_inputs: 1 CPU tensor inputs") for n in s["cgct"]), s["cgct"]
     assert any(n.startswith("cpu_factories: 1 CPU tensor factories") for n in s["cgct"]), s["cgct"]
     assert s["partitions"] >= 1 and s["captured"] == s["partitions"], str(e)
-    compiled = torch.compile(model, backend="grace")
+    compiled = torch.compile(model, backend="grace", options=RUNTIME)
     for _ in range(3):
         torch.testing.assert_close(compiled(x, 3), model(x, 3))
+
+
+@torch.no_grad()
+def test_the_default_is_all_three_and_runs_the_cpu_schedule_right():
+    torch.compiler.reset()
+    model = Schedule().cuda()
+    compiled = torch.compile(model, backend="grace")
+    for t in (3, 3, 3, 3, 5, 5, 5):  # warm-up, recording with PI's check and SCG's timings, replays
+        x = torch.randn(4, 16, device="cuda")
+        torch.testing.assert_close(compiled(x, t), model(x, t))
+    s = grace.explain(model, x, 3).summary()
+    assert s["options"] == [{"cgct": True, "pi": True, "scg": True}] and not s["fallbacks"], s
+    assert s["scg"] and s["partitions"] >= 1, s
 
 
 def eos_like(a, b, c):
@@ -157,7 +171,7 @@ def test_scg_declines_a_graph_whose_input_copies_cost_more_than_its_launches():
     torch.compiler.reset()
     before = torch.cuda.memory_allocated()
     a, b, c = (torch.randn(4 * 2**20, device="cuda") for _ in range(3))
-    compiled = torch.compile(eos_like, backend="grace", options={"scg": True, "cgct": False})
+    compiled = torch.compile(eos_like, backend="grace", options={"scg": True, "cgct": False, "pi": False})
     for _ in range(4):
         a, b, c = (torch.randn(4 * 2**20, device="cuda") for _ in range(3))  # new inputs: copies needed
         torch.testing.assert_close(compiled(a, b, c), eos_like(a, b, c))
@@ -177,7 +191,7 @@ def noisy_step(cache, x, pos):
 def test_scg_timing_leaves_mutated_inputs_and_rng_as_after_one_execution():
     torch.compiler.reset()
     caches = {scg: torch.zeros(4, 8, device="cuda") for scg in (True, False)}
-    compiled = {scg: torch.compile(noisy_step, backend="grace", options={"scg": scg}) for scg in (True, False)}
+    compiled = {scg: torch.compile(noisy_step, backend="grace", options={"scg": scg, "pi": False}) for scg in (True, False)}
     pos = torch.zeros(1, dtype=torch.long, device="cuda")
     for step in range(4):
         x = torch.randn(4, 1, device="cuda")
@@ -203,7 +217,7 @@ def matmul_relu(x, w):
 @torch.no_grad()
 def test_pi_reads_inputs_in_place_for_library_and_triton_kernels(m, k, n, dtype):
     torch.compiler.reset()
-    compiled = torch.compile(matmul_relu, backend="grace", options={"pi": True, "cgct": False})
+    compiled = torch.compile(matmul_relu, backend="grace", options={"pi": True, "cgct": False, "scg": False})
     for _ in range(5):  # new tensors every call: each replay re-points the graph, copies nothing
         x, w = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
         torch.testing.assert_close(compiled(x, w), matmul_relu(x, w))
@@ -211,14 +225,14 @@ def test_pi_reads_inputs_in_place_for_library_and_triton_kernels(m, k, n, dtype)
     assert stats.status == "captured" and stats.pi_inputs == 2, (stats, stats.pi_reasons)
     assert stats.copy_bytes_per_replay == 0
     with torch.no_grad():
-        s = grace.explain(matmul_relu, x, w, options={"pi": True, "cgct": False}).summary()
+        s = grace.explain(matmul_relu, x, w, options={"pi": True, "cgct": False, "scg": False}).summary()
     assert s["bytes_copied_per_call"] == 0 and s["kernels_outside_graphs"] == 0, s
 
 
 @torch.no_grad()
 def test_pi_copies_an_input_whose_layout_differs_and_stays_right():
     torch.compiler.reset()
-    compiled = torch.compile(matmul_relu, backend="grace", options={"pi": True, "cgct": False})
+    compiled = torch.compile(matmul_relu, backend="grace", options={"pi": True, "cgct": False, "scg": False})
     w = torch.randn(128, 32, device="cuda")
     for _ in range(3):
         compiled(torch.randn(64, 128, device="cuda"), w)
@@ -235,7 +249,7 @@ def test_pi_checks_in_place_reading_when_recorded_on_a_view_at_an_offset():
     """Recorded on an input 16 bytes past an allocation (less aligned than its placeholder, so copied on
     replay), PI's check reads an aligned copy of it in place; later aligned inputs are read in place."""
     torch.compiler.reset()
-    compiled = torch.compile(matmul_relu, backend="grace", options={"pi": True, "cgct": False})
+    compiled = torch.compile(matmul_relu, backend="grace", options={"pi": True, "cgct": False, "scg": False})
     w = torch.randn(128, 32, device="cuda")
     for _ in range(4):
         x = torch.randn(64 * 128 + 4, device="cuda")[4:].view(64, 128)
@@ -251,7 +265,7 @@ def test_pi_checks_in_place_reading_when_recorded_on_a_view_at_an_offset():
 def test_pi_with_inputs_that_alias_each_other():
     torch.compiler.reset()
     f = lambda a, b: a * 2 + b  # noqa: E731
-    compiled = torch.compile(f, backend="grace", options={"pi": True, "cgct": False})
+    compiled = torch.compile(f, backend="grace", options={"pi": True, "cgct": False, "scg": False})
     for _ in range(4):
         base = torch.randn(1025, device="cuda")
         a, b = base[:1024], base[1:]  # overlapping views of one storage
@@ -262,7 +276,7 @@ def test_pi_with_inputs_that_alias_each_other():
 def test_pi_with_an_input_that_is_the_previous_output():
     torch.compiler.reset()
     f = lambda x, w: torch.tanh(x @ w)  # noqa: E731
-    compiled = torch.compile(f, backend="grace", options={"pi": True, "cgct": False})
+    compiled = torch.compile(f, backend="grace", options={"pi": True, "cgct": False, "scg": False})
     w = torch.randn(64, 64, device="cuda") / 8
     x = torch.randn(16, 64, device="cuda")
     expected = x
@@ -276,7 +290,7 @@ def test_pi_with_an_input_that_is_the_previous_output():
 def test_pi_with_a_static_input_that_changes_identity():
     torch.compiler.reset()
     model = _mlp()
-    compiled = torch.compile(model, backend="grace", options={"pi": True, "cgct": False})
+    compiled = torch.compile(model, backend="grace", options={"pi": True, "cgct": False, "scg": False})
     x = torch.randn(16, 32, device="cuda")
     for _ in range(3):
         compiled(x)
@@ -293,7 +307,7 @@ def test_pi_in_training_serves_the_backward_inputs_and_matches_eager():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 32)).cuda()
     twin = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="grace", options={"pi": True, "cgct": False})
+    compiled = torch.compile(model, backend="grace", options={"pi": True, "cgct": False, "scg": False})
     for _ in range(4):
         ids = torch.randint(0, 8, (4096,), device="cuda")  # few rows, many atomic adds into each
         for m in (compiled, twin):
@@ -306,7 +320,7 @@ def test_pi_in_training_serves_the_backward_inputs_and_matches_eager():
     assert sum(s.pi_inputs for s in backward) >= 1 and sum(s.copy_bytes_per_replay for s in backward) == 0, backward
 
 
-@pytest.mark.parametrize("options", [{"pi": True}, {"pi": True, "scg": True}])
+@pytest.mark.parametrize("options", [{"pi": True, "scg": False}, {"pi": True, "scg": True}])
 def test_a_backward_graph_run_again_within_a_call_leaves_each_steps_gradients_right(options):
     """PI's check and SCG's timings run a partition more than once within one call. A backward graph that
     wrote over the activations it read (Inductor's donated buffers: GELU's backward can reuse its saved

@@ -189,17 +189,21 @@ def test_the_table_takes_the_baseline_of_graces_session():
 def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
     noise = random.Random(0)
 
-    def r(program, variant, status="ok", us=None, jitter=0.01):  # each round drifts by up to +-jitter
+    def r(program, variant, status="ok", us=None, jitter=0.01, options=None):  # rounds drift by up to +-jitter
         rounds = [[us * (1 + jitter * (2 * noise.random() - 1))] * 5 for _ in range(10)] if us else None
-        return {"program": program, "variant": variant, "status": status, "median_us": us, "iter_us": rounds}
+        return {"program": program, "variant": variant, "status": status, "median_us": us, "iter_us": rounds,
+                "grace": {"options": [options]} if options else None}
 
-    records = [r("a", "inductor", us=10), r("a", "pt2_cg", us=5), r("a", "grace", us=6), r("a", "grace_all", us=4),
-               r("b", "inductor", us=10), r("b", "pt2_cg", "crash"), r("b", "grace", us=5), r("b", "grace_all", us=20),
-               r("b", "grace", us=8), r("c", "inductor", us=10), r("c", "grace", us=10, jitter=0.3)]  # the newest counts
-    rates, vs = report.corpus(records)
+    on = {"cgct": True, "pi": True, "scg": True}
+    # GraCE's records by the options they ran: those without options kept are of the defaults then (CGCT)
+    records = [r("a", "inductor", us=10), r("a", "pt2_cg", us=5), r("a", "grace", us=6, options=on), r("a", "grace", us=4),
+               r("b", "inductor", us=10), r("b", "pt2_cg", "crash"), r("b", "grace_all", us=5), r("b", "grace", us=20),
+               r("b", "grace", us=8, options=on), r("c", "inductor", us=10), r("c", "grace", us=10, jitter=0.3, options=on)]
+    rates, vs = report.corpus(records)  # the newest counts
     assert rates.loc["pt2_cg", "crash"] == 1 and rates.loc["grace", "ok"] == 3 and rates.loc["grace", "programs"] == 3
+    assert rates.loc["grace (cgct)", "programs"] == 2
     assert list(vs.index) == ["a", "c", "b"] and vs.loc["a", "grace / best stock"] == 1.2 and vs.loc["b", "best stock"] == "inductor"
-    assert vs.loc["b", "grace / best stock"] == 0.8 and vs.loc["b", "grace_all / best stock"] == 2.0
+    assert vs.loc["b", "grace / best stock"] == 0.8 and vs.loc["b", "grace (cgct) / best stock"] == 2.0
     assert vs.loc["a", "grace low"] > 1 and list(vs["grace verdict"]) == ["slower", "within noise", "faster"]
     text = report.corpus_markdown(records)
     assert "grace 0.986 (slower beyond noise on 1 of 3 programs, faster on 1)" in text
