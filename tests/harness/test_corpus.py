@@ -34,6 +34,15 @@ def test_a_wrong_program_comes_out_mismatch(monkeypatch, backend, programs):
         assert records["wrong"]["status"] == "mismatch", (name, records["wrong"])
 
 
+def test_each_variant_keeps_dynamos_recompile_limit_to_itself(monkeypatch):
+    """A Python int that changes compiles twice (static, then dynamic): with a limit of two for the
+    process, grace, compiled after inductor, would have run eager."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    records = {r["variant"]: r for r in corpus.run_program("python_int_argument", CPU, ["eager", "inductor", "grace"],
+                                                          calls=3, rounds=1, iters=1)}
+    assert records["grace"]["status"] == "ok" and records["grace"]["grace"]["graphs"] >= 1, records["grace"]
+
+
 def test_difference_compares_structure_dtype_and_values():
     t = torch.arange(4.0)
     assert corpus.difference([t], [t.clone()]) is None
