@@ -334,6 +334,11 @@ def corpus(records: Sequence[dict], stock: Sequence[str] = ("inductor", "pt2_cg"
                 _, (low, high) = stats.speedup_interval(a, b)
                 row[f"{v} low"], row[f"{v} high"] = low, high
                 row[f"{v} verdict"] = "slower" if low > 1 else "faster" if high < 1 else "within noise"
+        if "grace" in ok:  # why it ran as it did: how much the graphs replayed, and what they left out
+            g, summary = ok["grace"], ok["grace"].get("grace") or {}
+            row["grace: kernels in graphs"] = f"{g.get('kernels_in_graphs')} of {g.get('kernels')}"
+            row["grace: why not in a graph"] = "; ".join(
+                summary.get("not_captured", []) + summary.get("without_graph", []) + summary.get("fallbacks", []))
         rows.append(row)
     vs = pd.DataFrame(rows).set_index("program") if rows else pd.DataFrame()
     if not vs.empty:

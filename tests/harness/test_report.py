@@ -199,11 +199,15 @@ def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
     records = [r("a", "inductor", us=10), r("a", "pt2_cg", us=5), r("a", "grace", us=6, options=on), r("a", "grace", us=4),
                r("b", "inductor", us=10), r("b", "pt2_cg", "crash"), r("b", "grace_all", us=5), r("b", "grace", us=20),
                r("b", "grace", us=8, options=on), r("c", "inductor", us=10), r("c", "grace", us=10, jitter=0.3, options=on)]
+    records[2].update(kernels=10, kernels_in_graphs=4)
+    records[2]["grace"]["not_captured"] = ["SCG: faster without a graph"]
     rates, vs = report.corpus(records)  # the newest counts
     assert rates.loc["pt2_cg", "crash"] == 1 and rates.loc["grace", "ok"] == 3 and rates.loc["grace", "programs"] == 3
     assert rates.loc["grace (cgct)", "programs"] == 2
     assert list(vs.index) == ["a", "c", "b"] and vs.loc["a", "grace / best stock"] == 1.2 and vs.loc["b", "best stock"] == "inductor"
     assert vs.loc["b", "grace / best stock"] == 0.8 and vs.loc["b", "grace (cgct) / best stock"] == 2.0
     assert vs.loc["a", "grace low"] > 1 and list(vs["grace verdict"]) == ["slower", "within noise", "faster"]
+    assert vs.loc["a", "grace: kernels in graphs"] == "4 of 10"
+    assert vs.loc["a", "grace: why not in a graph"] == "SCG: faster without a graph"
     text = report.corpus_markdown(records)
     assert "grace 0.986 (slower beyond noise on 1 of 3 programs, faster on 1)" in text
