@@ -356,7 +356,10 @@ def corpus_markdown(records: Sequence[dict]) -> str:
         summary.append(f"{v} {stats.geomean(vs[c].dropna().tolist()):.3g} (slower beyond noise on "
                        f"{verdicts.get('slower', 0)} of {int(vs[c].notna().sum())} programs, faster on "
                        f"{verdicts.get('faster', 0)})")
-    return ("\n### The corpus\n\nStatus per variant (one record per program):\n\n" + rates.to_markdown()
+    commits = sorted({(r.get("env") or {}).get("git_commit", "")[:7] for r in records} - {""})
+    return ("\n### The corpus\n\nStatus per variant (each program's newest record; `grace`: CGCT, PI and SCG, "
+            "`grace (cgct)`: CGCT alone, the default before; measured at " + ", ".join(commits) + "):\n\n"
+            + rates.to_markdown()
             + "\n\nTime over the faster of inductor and pt2_cg, geomean: " + "; ".join(summary)
             + ". The ten slowest programs (low, high: the 95 % interval):\n\n"
             + _markdown(vs.head(10).rename_axis("program"), ".3g") + "\n")
