@@ -29,7 +29,7 @@ left() { echo $(( ${LIMIT:-570} - SECONDS )); }
 step() { [ "$(left)" -gt 20 ] && timeout -s INT -k 10 "$(left)" "$@"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
 if [ "${TESTS:-1}" = 1 ]; then
-  step python3 -m pytest -q -m cuda -p no:cacheprovider --durations=12 2>&1 | grep -v '^USDT' > "$out/cuda_tests.log"
+  step python3 -m pytest -q -m cuda -p no:cacheprovider --durations=12 2>&1 | grep --line-buffered -v '^USDT' > "$out/cuda_tests.log"
   tail -3 "$out/cuda_tests.log"
 fi
 if [ "${BENCH:-0}" = 1 ]; then
@@ -42,7 +42,7 @@ fi
 # The records are copied out every 15 s as well: a call that runs past its limit still brings back those made.
 ( while sleep 15; do save_records; done ) &
 saver=$!
-step python3 run.py -m experiment="$experiment" "$@" 2>&1 | grep -v '^USDT' > "$out/$experiment.log"
+step python3 run.py -m experiment="$experiment" "$@" 2>&1 | grep --line-buffered -v '^USDT' > "$out/$experiment.log"
 kill $saver
 tail -5 "$out/$experiment.log"
 save_records
