@@ -10,32 +10,50 @@ with timed medians.
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
 from collections import Counter
+from pathlib import Path
 from typing import Callable
 
+import torch
+
+import experiments
+import grace
 from experiments.records import HostStats
 from experiments.instrument import inductor_cache_dir
 
 TOP = 12  # functions kept per record, the most own time first
 GENERATED = "inductor generated code"  # files under Inductor's cache folder (the worker's own, in a sweep)
-GROUPS = [  # (group, substrings of a file's path), first match wins, after GENERATED
-    ("grace", ("/grace/",)),
-    ("inductor runtime", ("torch/_inductor/",)),
-    ("dynamo and aot autograd", ("torch/_dynamo/", "torch/_functorch/", "torch/_guards", "torch/_subclasses/")),
-    ("autograd and optimizer", ("torch/autograd/", "torch/optim/", "torch/_tensor.py")),
-    ("torch, other", ("torch/",)),
-    ("harness", ("/experiments/",)),
+# Files are grouped by the package folder they lie in, not by words in their path: the H200's venv lies
+# in /opt/torch/, and matching "torch/" put transformers and torchvision in "torch, other".
+PACKAGES = [("grace", Path(grace.__file__).parent), ("harness", Path(experiments.__file__).parent)]
+TORCH = Path(torch.__file__).parent
+TORCH_GROUPS = [  # (group, beginnings of a path inside torch/), first match wins
+    ("inductor runtime", ("_inductor/",)),
+    ("dynamo and aot autograd", ("_dynamo/", "_functorch/", "_guards", "_subclasses/")),
+    ("autograd and optimizer", ("autograd/", "optim/", "_tensor.py")),
+    ("CUDA graph launch", ("cuda/graphs.py",)),
 ]
+TORCH_OTHER = "torch, other"
 OTHER = "model and other"  # the workload's own Python (transformers, timm, ...), the standard library
 BUILTIN = "~"  # cProfile's file for C functions
+
+
+def _inside(path: str, folder: Path) -> str | None:
+    root = f"{folder}{os.sep}"
+    return path[len(root):] if path.startswith(root) else None
 
 
 def group(path: str, generated: str) -> str:
     """`generated`: Inductor's cache folder, where the code it generates lies."""
     if path.startswith(generated):
         return GENERATED
-    return next((name for name, parts in GROUPS if any(p in path for p in parts)), OTHER)
+    if (name := next((n for n, folder in PACKAGES if _inside(path, folder) is not None), None)):
+        return name
+    if (inside := _inside(path, TORCH)) is None:
+        return OTHER
+    return next((name for name, starts in TORCH_GROUPS if inside.startswith(starts)), TORCH_OTHER)
 
 
 def host_stats(stats: pstats.Stats, iters: int) -> HostStats:

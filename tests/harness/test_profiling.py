@@ -94,3 +94,17 @@ def test_host_profile_charges_time_to_the_part_of_the_stack_that_spent_it():
     us = [row["us"] for row in inductor.top]
     assert us == sorted(us, reverse=True) and len(us) == 12
     assert any(row["group"] == "C, charged to its callers" for row in inductor.top)
+
+
+def test_host_profile_groups_files_by_the_package_they_lie_in():
+    """On the H200 the venv lies in /opt/torch/: a library there is the model's, not torch's."""
+    from experiments.host_profile import OTHER, TORCH, group
+
+    generated = "/tmp/torchinductor_x"
+    assert group("/opt/torch/.venv/lib/python3.12/site-packages/transformers/modeling_utils.py", generated) == OTHER
+    assert group(f"{TORCH}vision/models/alexnet.py", generated) == OTHER  # torchvision, beside torch/
+    assert group(f"{TORCH}/_dynamo/eval_frame.py", generated) == "dynamo and aot autograd"
+    assert group(f"{TORCH}/cuda/graphs.py", generated) == "CUDA graph launch"
+    assert group(f"{TORCH}/nn/modules/module.py", generated) == "torch, other"
+    assert group(f"{generated}/ab/cabc.py", generated) == "inductor generated code"
+    assert group(torch.__file__.replace("torch/__init__.py", "grace_like/x.py"), generated) == OTHER
