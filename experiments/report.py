@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import stats
-from experiments.figures import BASELINE, frame, json_lines, label, speedups
+from experiments.figures import BASELINE, acronym, frame, json_lines, label, speedups
 from experiments.records import Record, latest, valid_since
 
 
@@ -202,6 +202,47 @@ def scg_decisions(records: Sequence[Record]) -> pd.DataFrame:
     return pd.DataFrame([row])
 
 
+SYNC = "waiting on the GPU"  # the host blocked in torch.cuda.synchronize: GPU time, not host work
+
+
+def _host_parts(host) -> dict[str, float]:
+    """A host profile's parts (us per iteration), with the time blocked in the synchronize at the end
+    taken out of the part that called it (cProfile charges a C function to its caller's part)."""
+    parts = dict(host.groups)
+    waited = sum(row["us"] for row in host.top if "_cuda_synchronize" in row["function"])
+    caller = "torch, other"  # torch.cuda.synchronize, in torch/cuda/__init__.py
+    parts[caller] = max(0.0, parts.get(caller, 0.0) - waited)
+    parts[SYNC] = waited
+    return parts
+
+
+def host_gap(records: Sequence[Record], variant: str = "grace", above: float = 1.2) -> pd.DataFrame:
+    """Per paper workload whose `variant` takes more than `above` times its GPU time: the gap in ms, the
+    kernels launched outside graphs, where the host's time per iteration goes by part of the stack
+    (experiments/host_profile.py; cProfile inflates each part, so they compare with one another) and the
+    largest part that is host work; the largest gap first."""
+    rows = []
+    for r in latest(records).values():
+        k, paper = r.kernels, acronym(r.workload, r.mode, r.batch, r.size)
+        if (r.variant != variant or r.status != "ok" or not k or not k.gpu_kernel_ms or not r.median_ms
+                or paper is None or r.median_ms <= above * k.gpu_kernel_ms):
+            continue
+        parts = _host_parts(r.host) if r.host else {}
+        work = {p: us for p, us in parts.items() if p != SYNC}  # "harness" holds the workloads' own code
+        # profiles from before host_profile grouped by package have no graph-launch part: there,
+        # "torch, other" holds the models' libraries too (the H200's venv lies in /opt/torch/)
+        grouping = "by package" if "CUDA graph launch" in parts else "by path" if parts else ""
+        rows.append({"workload": paper, "time / GPU time": r.median_ms / k.gpu_kernel_ms,
+                     "gap ms": r.median_ms - k.gpu_kernel_ms,
+                     "kernels outside graphs": (k.kernels or 0) * (1 - (k.kernels_in_graphs_share or 0)),
+                     **{f"{p} us": us for p, us in sorted(parts.items())},
+                     "largest host part": max(work, key=work.get) if work else "not profiled",
+                     "profile grouped": grouping,
+                     "commit": (r.env.get("git_commit") or "")[:7]})
+    table = pd.DataFrame(rows)
+    return table.sort_values("gap ms", ascending=False).set_index("workload") if rows else table
+
+
 def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> str:
     """The results section: the tables above, in markdown."""
     if not any(r.status == "ok" and r.variant in (BASELINE, *variants) for r in records):
@@ -211,6 +252,10 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
              (f"{variants[-1]} against the faster of {BASELINE} and {variants[0]}",
               _markdown(within_best_stock(records, variants[0], variants[-1]), ".3g")),
              ("SCG's decisions", scg_decisions(records).to_markdown(index=False)),
+             (f"Where {variants[-1]}'s time goes beyond the GPU's (workloads over 1.2x their GPU time; host "
+              "parts in us per iteration, under cProfile, which inflates each)",
+              _markdown(gap := host_gap(records, variants[-1]),
+                        tuple(".3g" if c in ("time / GPU time", "gap ms") else ".0f" for c in gap.columns))),
              ("The records", _markdown(caveats(records, variants), "")),
              ("Environment", environment(records).reset_index().to_markdown(index=False))]
     return "\n".join(f"\n### {title}\n\n{table}\n" for title, table in parts)

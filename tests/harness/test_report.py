@@ -211,3 +211,21 @@ def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
     assert vs.loc["a", "grace: why not in a graph"] == "SCG: faster without a graph"
     text = report.corpus_markdown(records)
     assert "grace 0.986 (slower beyond noise on 1 of 3 programs, faster on 1)" in text
+
+
+def test_host_gap_takes_apart_what_a_workload_spends_beyond_its_gpu_time():
+    sync = {"function": "<built-in method torch._C._cuda_synchronize>", "group": "C, charged to its callers",
+            "calls": 0.1, "us": 100.0}
+    alnet = dataclasses.replace(rec("alexnet", "grace", 1.0, share=0.6), batch=2)  # GPU time 0.1 ms
+    alnet.host = HostStats(10, {"torch, other": 120.0, "grace": 30.0, "CUDA graph launch": 5.0}, [sync])
+    tke = dataclasses.replace(rec("tke", "grace", 2.0), batch=1_048_576)
+    tke.host = HostStats(10, {"torch, other": 50.0, "grace": 10.0})  # grouped by path, before the fix
+    near = dataclasses.replace(rec("eos_chain", "grace", 0.11), batch=1_048_576)  # 1.1x its GPU time
+    others = [dataclasses.replace(alnet, variant="pt2_cg"), rec("mlp", "grace", 1.0)]  # not grace; not the paper's
+    table = report.host_gap([alnet, tke, near, *others])
+    assert list(table.index) == ["TKE", "ALNET"]  # the largest gap first
+    a = table.loc["ALNET"]
+    assert math.isclose(a["time / GPU time"], 10) and math.isclose(a["gap ms"], 0.9) and math.isclose(a["kernels outside graphs"], 2)
+    assert a["waiting on the GPU us"] == 100 and a["torch, other us"] == 20 and a["largest host part"] == "grace"
+    assert a["profile grouped"] == "by package" and table.loc["TKE", "profile grouped"] == "by path"
+    assert table.loc["TKE", "largest host part"] == "torch, other"
