@@ -6,6 +6,7 @@ Stored in every record, so that any number can be traced to the machine and code
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import platform
 import re
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+CODE = ("grace", "experiments", "conf")  # what a measurement's result depends on in this repo
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Environment:
     gpus: str | None = None  # "<visible to this process> of <on the host>": "1 of 2" when a second sweep may share the host
     cpu: str | None = None  # "<model>, <n> cores": host-bound workloads' times depend on it
     load: float | None = None  # the host's 1-minute load average when the session began
+    code: str | None = None  # hash of CODE's files as they ran: equal across commits that only add results
 
 
 def _git_commit() -> str:
@@ -49,6 +52,17 @@ def _git_commit() -> str:
         return sha.strip() + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def code_hash() -> str:
+    """The files of CODE (Python and YAML) as they lie, names and contents: unlike git_commit, the same
+    after a commit of records, and right on the device machine, whose .git is a stale snapshot."""
+    h = hashlib.sha256()
+    for folder in CODE:
+        for f in sorted((REPO / folder).rglob("*")):
+            if f.suffix in (".py", ".yaml") and f.is_file():
+                h.update(f"{f.relative_to(REPO)}\0".encode() + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
 
 
 def _driver_versions() -> list[str]:
@@ -104,6 +118,7 @@ def current() -> Environment:
         gpus=f"{torch.cuda.device_count()} of {len(drivers)}" if cuda else None,
         cpu=_cpu(),
         load=_load(),
+        code=code_hash(),
     )
 
 

@@ -5,8 +5,8 @@ process; every mutant must fail it and eager pass.
     python -m experiments.mutation [--size tiny|full] [--only NAME ...] [--out results/mutation]
 
 The tolerances are the sweep's (conf/measure/default.yaml). A record per (workload, mode, variant) with
-its Numerics, appended to <out>/<device>/records.jsonl; a rerun passes over the workloads recorded at this
-commit and size.
+its Numerics, appended to <out>/<device>/records.jsonl; a rerun passes over the workloads recorded with this
+code (Environment.code) and size.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     done = set() if not path.is_file() else {
         (r["workload"], r["mode"]) for r in map(json.loads, path.read_text().splitlines())
-        if r["env"]["git_commit"] == env.git_commit and r["size"] == args.size}
+        if r["env"].get("code") == env.code and r["size"] == args.size}
     cases = [(n, m) for n in args.only or workloads.names() for m in workloads.get(n).batch_sizes
              if (n, m) not in done]
     for name, mode in tqdm(cases, desc="mutation", unit="workload"):

@@ -8,7 +8,7 @@ rounds) and how much of it CUDA graphs replay.
 
 One process runs every program in turn; a program's variants are built side by side from the same seed
 and timed in rotating rounds. Records are appended to <out>/<device>/records.jsonl, one per (program,
-variant); a rerun passes over programs recorded at this commit (--force: again).
+variant); a rerun passes over programs recorded with this code (Environment.code; --force: again).
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def run(programs: Sequence[str], variants: Sequence[str], out: Path, force: bool
     path = out / environment.device_tag(env) / "records.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     done = set() if force or not path.is_file() else {
-        r["program"] for r in map(json.loads, path.read_text().splitlines()) if r["env"]["git_commit"] == env.git_commit}
+        r["program"] for r in map(json.loads, path.read_text().splitlines()) if r["env"].get("code") == env.code}
     for name in tqdm([n for n in programs if n not in done], desc="corpus", unit="program"):
         lines = [json.dumps({**record, "env": dataclasses.asdict(env)}, sort_keys=True, default=str) + "\n"
                  for record in run_program(name, device, list(variants))]
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("results/corpus"))
     p.add_argument("--only", nargs="*", default=[], help="programs, or families ('timm/', 'hazards/'), to run (default: all)")
     p.add_argument("--variants", nargs="*", default=list(VARIANTS))
-    p.add_argument("--force", action="store_true", help="run again what this commit recorded")
+    p.add_argument("--force", action="store_true", help="run again what this code recorded")
     args = p.parse_args(argv)
     try:
         programs = select(args.only, args.variants)

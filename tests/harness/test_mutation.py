@@ -33,6 +33,6 @@ def test_the_runner_records_each_variant_and_resumes(tmp_path, capsys):
         ("train", "eager", None), ("train", "perturb", True), ("train", "skip_update", True),
         ("train", "stale_input", True)]
     assert mutation.main(["--size", "tiny", "--only", "mlp", "--out", str(tmp_path)]) == 0
-    assert len(path.read_text().splitlines()) == len(records)  # recorded at this commit: passed over
+    assert len(path.read_text().splitlines()) == len(records)  # recorded with this code: passed over
     assert mutation.main(["--only", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown workload nope" in capsys.readouterr().err

@@ -1,0 +1,26 @@
+"""Where a record was measured: the code it ran is named by its files, not by the commit."""
+
+from experiments import environment
+
+
+def test_the_code_hash_follows_the_code_and_not_the_records(tmp_path, monkeypatch):
+    for folder in environment.CODE:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "grace" / "runtime.py").write_text("x = 1\n")
+    (tmp_path / "conf" / "variant.yaml").write_text("pi: true\n")
+    monkeypatch.setattr(environment, "REPO", tmp_path)
+    before = environment.code_hash()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "records.jsonl").write_text("{}\n")  # records, committed or not: the same code
+    (tmp_path / "grace" / "runtime.cpython-311.pyc").write_bytes(b"\0")
+    assert environment.code_hash() == before
+    (tmp_path / "conf" / "variant.yaml").write_text("pi: false\n")  # a variant that means another thing
+    assert environment.code_hash() != before
+    (tmp_path / "conf" / "variant.yaml").write_text("pi: true\n")
+    (tmp_path / "grace" / "runtime.py").rename(tmp_path / "grace" / "recording.py")  # the same bytes, moved
+    assert environment.code_hash() != before
+
+
+def test_every_record_names_the_code_it_ran():
+    env = environment.current()
+    assert env.code == environment.code_hash() and len(env.code) == 12
