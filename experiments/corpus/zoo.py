@@ -46,7 +46,8 @@ def _torchvision(kind: str, name: str) -> Callable[[torch.device, Compile], Prog
                                                                   *_image(device, 1, 3, 128, 128)(i + 100)),
                            compare="norm")
         if kind == "video":
-            big = name.startswith(("mvit", "swin3d"))
+            # s3d: its last pooling needs 16 frames of 224 by 224
+            big = name.startswith(("mvit", "swin3d", "s3d"))
             return Program(f, _image(device, 1, 3, 16 if big else 8, 224 if big else 64, 224 if big else 64),
                            compare="norm")
         side = 224 if name.startswith(("vit_", "swin", "maxvit")) else 96
