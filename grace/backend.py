@@ -107,20 +107,33 @@ def grace_backend(gm: torch.fx.GraphModule, example_inputs, options: Mapping[str
 
     A failure in a GraCE stage falls back to the next safer setting for the graph: without CGCT, then
     without GraCE's runtime (Inductor as it compiles without CUDA graphs); only Inductor's own error on
-    the graph as Dynamo gave it reaches the caller."""
-    opts = Options.parse(options)
-    report = GraphReport(next(_ids), opts)
+    the graph as Dynamo gave it reaches the caller. Dynamo's request to trace the frame again (a pass
+    that must specialize a scalar) is no failure: it goes to Dynamo, and this graph's report with it."""
+    report = GraphReport(next(_ids), Options.parse(options))
     REPORTS.append(report)
+    try:
+        return _compile_falling_back(gm, example_inputs, report)
+    except adapter.DynamoRestart:
+        REPORTS.remove(report)
+        raise
+
+
+def _compile_falling_back(gm: torch.fx.GraphModule, example_inputs, report: GraphReport):
+    opts = report.options
     pristine, before = (cgct.copy_graph(gm), str(gm.graph)) if opts.cgct else (None, None)
     if opts.cgct:
         try:
             report.cgct = cgct.apply(gm, example_inputs)
+        except adapter.DynamoRestart:
+            raise
         except Exception as e:  # a pass's own check undoes it; this is anything beyond that
             cgct.restore_graph(gm, pristine)
             _fall_back(report, "without CGCT (CGCT failed)", e)
     changed = opts.cgct and str(gm.graph) != before
     try:
         return _compile(gm, example_inputs, report)
+    except adapter.DynamoRestart:
+        raise
     except Exception as e:
         if changed:
             cgct.restore_graph(gm, pristine)
@@ -128,6 +141,8 @@ def grace_backend(gm: torch.fx.GraphModule, example_inputs, options: Mapping[str
             report.cgct, report.partitions, report.notes = [], [], []
             try:
                 return _compile(gm, example_inputs, report)
+            except adapter.DynamoRestart:
+                raise
             except Exception as e2:
                 e = e2
         report.partitions, report.notes = [], []

@@ -17,6 +17,8 @@ import torch._inductor.config as _inductor_config
 import torch._inductor.output_code as _output_code
 import torch._inductor.utils as _inductor_utils
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner  # noqa: F401  (re-exported)
+# the restart Dynamo takes from a backend (a scalar to specialize, then trace again); it wraps the others
+from torch._dynamo.exc import TensorifyScalarRestartAnalysis as DynamoRestart  # noqa: F401  (re-exported)
 from torch._inductor.custom_graph_pass import CustomGraphPass as _CustomGraphPass
 from torch.utils._pytree import tree_leaves  # noqa: F401  (re-exported)
 

@@ -9,6 +9,7 @@ from torch._guards import detect_fake_mode
 
 import grace
 from grace import backend, cgct, pi, recording, runtime, scg
+from grace import torch_adapter as adapter
 from grace.torch_adapter import Partition
 from tests.grace.fakes import _part, _partition_fn
 
@@ -129,6 +130,26 @@ def test_a_rewritten_graph_that_fails_to_compile_is_compiled_as_it_came(monkeypa
     (report,) = grace.REPORTS[start:]
     assert report.fallbacks == ["without CGCT (compiling the rewritten graph failed): RuntimeError: injected"]
     assert report.cgct == []
+
+
+def test_dynamos_request_to_trace_again_is_no_failure(monkeypatch):
+    """Inductor's scalar pass asks Dynamo to trace again (a float to specialize): on the H200 GraCE took
+    that for a failure, fell back twice and logged it; it must reach Dynamo, and leave no report."""
+    asked = []
+
+    def restarts_once(gm, example_inputs, **kwargs):
+        if not asked:
+            asked.append(True)
+            raise adapter.DynamoRestart()
+        return real(gm, example_inputs, **kwargs)
+
+    real = backend._inner_compile
+    monkeypatch.setattr(backend, "_inner_compile", restarts_once)
+    model = Denoiser()
+    start = len(grace.REPORTS)
+    _steps(torch.compile(model, backend="grace"), model, steps=(3,))
+    assert asked
+    assert [r.fallbacks for r in grace.REPORTS[start:]] == [[]]
 
 
 def _run_right(calls: int, **settings):
