@@ -21,7 +21,7 @@ from experiments.host_profile import profile_host
 from experiments.profiling import profile_iterations
 from experiments.records import HostStats, KernelStats, Numerics
 from experiments.task import Task
-from experiments.timing import launch_cost_us, sm_clock_mhz, synchronize, time_iterations
+from experiments.timing import capture_whole, launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
 import grace
 from experiments.instrument import (collect_cudagraph_skip_reasons, cudagraph_skips, dynamo_stats,
@@ -75,6 +75,7 @@ class Setup:
     check_s: float  # the rewound step, the step on fresh inputs, and the numerics check against the reference
     float64_check_s: float | None  # the variant run and checked in float64 first (None: not run, TP)
     numerics: Numerics | None  # None on tensor-parallel ranks other than 0
+    floor_method: str | None = None  # the floor variant's: how its time is taken (Bench._take_floor)
 
 
 def capture_out_of_memory(start: int) -> str | None:
@@ -100,6 +101,10 @@ class Bench:
         self.fn = None
         self._skip_reasons = collect_cudagraph_skip_reasons()  # a Bench lives in a worker process of its own
         self._graphs_from = 0  # the first of grace's graph reports that are the measured instance's
+        # the floor variant's (_take_floor): what its rounds time and profile, and the GPU time added
+        self._timed: Any = None
+        self._profiled: Any = None
+        self._added_ms = 0.0
 
     def _step(self) -> Any:
         return self.task.step(self.fn)
@@ -233,10 +238,28 @@ class Bench:
             elif judged:
                 self._judge(results, when, step, observation, yardsticks, self.task.compute_dtype)
         numerics = judge(results) if judged else None
+        t3 = time.perf_counter()
+        floor_method = self._take_floor() if spec.variant.floor else None
         self._release()
         t1, t2 = timed
         return Setup(self.task.workload.batch, built - t0 - (float64_check_s or 0), t1 - built, t2 - t1,
-                     time.perf_counter() - t2, float64_check_s, numerics)
+                     t3 - t2, float64_check_s, numerics, floor_method)
+
+    def _take_floor(self) -> str:
+        """The floor variant's timed step (Variant.floor), its numerics checked as its variant's: the step
+        captured whole into one CUDA graph and replayed on the same inputs; where it cannot be captured, an
+        empty synchronize with the step's GPU time added (a floor no host can go under). Returns which,
+        and why the capture failed."""
+        try:
+            graph = capture_whole(self._step, self.device)
+        except Exception as e:  # a step that synchronizes, or copies a CPU tensor in: it is not one graph
+            why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            synchronize(self.device)
+            self._added_ms = profile_iterations(self._step, self.spec.warmup, self.device).gpu_kernel_ms
+            self._timed = lambda: None
+            return f"GPU time + empty synchronize (the step is not one CUDA graph: {why})"
+        self._timed = self._profiled = graph.replay  # the graph keeps its memory pool, and so its outputs
+        return "replay"
 
     def close(self) -> None:
         """Drop the compiled model and free every CUDA graph recorded (grace.reset: stock graph trees
@@ -260,8 +283,9 @@ class Bench:
         next call."""
         if self.spec.timing_cpus:  # every variant's rounds on the same cores: no worker gets a faster core or node
             os.sched_setaffinity(0, self.spec.timing_cpus)
-        self._step()
-        times = time_iterations(self._step, iters, self.device)
+        step = self._timed or self._step
+        step()
+        times = [t + self._added_ms for t in time_iterations(step, iters, self.device)]
         every = None
         if self.spec.tp > 1:  # an iteration takes as long as its slowest rank
             every = [None] * self.spec.tp
@@ -272,12 +296,12 @@ class Bench:
         return result
 
     def profile(self, iters: int) -> KernelStats:
-        kernels = profile_iterations(self._step, iters, self.device)
+        kernels = profile_iterations(self._profiled or self._step, iters, self.device)
         self._release()
         return kernels
 
     def profile_host(self, iters: int) -> HostStats:
-        host = profile_host(self._step, iters, lambda: synchronize(self.device))
+        host = profile_host(self._profiled or self._step, iters, lambda: synchronize(self.device))
         self._release()
         return host
 

@@ -46,6 +46,7 @@ class Config:
     results_dir: str = "results"
     baseline: str = "inductor"
     aa_control: bool = True
+    floor: bool = True
     runs: int = 1
     force: bool = False
     size: Optional[str] = None

@@ -31,7 +31,7 @@ BASELINE = "inductor"
 LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "PyTorch2-CG",
           "runtime": "GraCE runtime", "cgct": "CGCT",
           "pi": "PI", "scg": "SCG", "cgct_pi": "CGCT+PI", "grace": "GraCE",
-          "inductor_aa": "A/A control (PyTorch2 again)"}
+          "inductor_aa": "A/A control (PyTorch2 again)", "floor": "Floor (the step as one CUDA graph)"}
 GEOMEAN = "geomean"
 ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date", "cpu"]
 
@@ -59,7 +59,7 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
             "ci_lo": r.speedup_ci[0] if r.speedup_ci else None, "ci_hi": r.speedup_ci[1] if r.speedup_ci else None,
             "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
-            "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None,
+            "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None, "over_floor": r.over_floor,
             "rel_err": r.numerics.rel_err if r.numerics else None, "cudagraph_skips": r.cudagraph_skips, "graph_breaks": r.graph_breaks,
             "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons),
             "graph_break_reasons": "; ".join(r.graph_break_reasons),
@@ -68,10 +68,10 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
             **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
     df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "baseline_ms", "round_ratios", "speedup", "ci_lo", "ci_hi", "gpu_kernel_ms", "kernels",
-                                           "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "rel_err",
+                                           "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "over_floor", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
                                            "not_captured", "set_up_alone", *ENV_COLUMNS])
-    for column in ("baseline_ms", "speedup", "ci_lo", "ci_hi"):
+    for column in ("baseline_ms", "speedup", "ci_lo", "ci_hi", "over_floor"):
         df[column] = df[column].astype(float)  # all empty: None, an object column otherwise
     df["label"] = [label(r.workload, r.mode, r.batch, r.size) for r in df.itertuples()]
     df["paper"] = [acronym(r.workload, r.mode, r.batch, r.size) is not None for r in df.itertuples()]

@@ -98,6 +98,10 @@ class Record:
     round_ratios: list[float] | None = None  # per round: median(this) / median(baseline)
     speedup: float | None = None  # median(baseline) / median(this), both of this session
     speedup_ci: list[float] | None = None  # its 95 % interval, a paired bootstrap over the rounds (stats.speedup_interval)
+    over_floor: float | None = None  # median(this) / median(floor), the floor variant of this session
+    over_floor_ci: list[float] | None = None  # its 95 % interval, as speedup_ci's
+    floor_method: str | None = None  # the floor variant's: replay (its step as one CUDA graph), or GPU time
+    # + an empty synchronize, and why the step could not be captured
     launch_us: list[float] = field(default_factory=list)  # host cost of one tiny launch, per round
     sm_clock_mhz: list[float | None] = field(default_factory=list)  # SM clock after each round
     kernels: KernelStats | None = None

@@ -98,14 +98,19 @@ def _paper_speedups(records: Sequence[Record], variants: Sequence[str]) -> tuple
 
 
 def per_workload(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> pd.DataFrame:
-    """Per workload: each variant's median, speedup over the baseline, and time over GPU kernel time."""
+    """Per workload: each variant's median, speedup over the baseline, time over GPU kernel time, and time
+    over the floor measured beside it (where one was)."""
     df, used, _ = _paper_speedups(records, variants)
     columns = [BASELINE, *variants]
     med = used.pivot_table(index="label", columns="variant", values="median_ms").reindex(columns=columns)
     floor = (used.assign(ratio=used["median_ms"] / used["gpu_kernel_ms"])
              .pivot_table(index="label", columns="variant", values="ratio").reindex(columns=columns))
     speed = speedups(df, list(variants)).reindex(med.index)
-    table = pd.concat({"median ms": med, f"speedup over {BASELINE}": speed, "time / GPU time": floor}, axis=1)
+    parts = {"median ms": med, f"speedup over {BASELINE}": speed, "time / GPU time": floor}
+    over = used.pivot_table(index="label", columns="variant", values="over_floor").reindex(index=med.index, columns=columns)
+    if over.notna().any().any():
+        parts["time / floor"] = over
+    table = pd.concat(parts, axis=1)
     table.columns = [f"{v} {what}" for what, v in table.columns]
     return table.rename_axis("workload")
 
@@ -114,12 +119,14 @@ def geomeans(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gr
     """Per variant, over the paper's workloads it has: how many, the geomean speedup over the baseline,
     and those slower than the baseline; and the benefit ratio (speedup - 1) of the last variant over the
     first over the workloads with both (the paper reports more than 2)."""
-    _, _, paper = _paper_speedups(records, variants)
+    _, used, paper = _paper_speedups(records, variants)
     rows = {}
     for v in variants:
         got = paper[v].dropna() if v in paper else pd.Series(dtype=float)
+        over = used[(used["variant"] == v) & used["paper"]]["over_floor"].dropna()
         rows[v] = {"workloads": len(got), "geomean speedup": stats.geomean(got.tolist()) if len(got) else None,
-                   f"slower than {BASELINE}": ", ".join(got[got < 1].index)}
+                   f"slower than {BASELINE}": ", ".join(got[got < 1].index),
+                   **({"geomean time / floor": stats.geomean(over.tolist())} if len(over) else {})}
     table = pd.DataFrame(rows).T
     both = paper[[variants[0], variants[-1]]].dropna() if set(variants) <= set(paper) else pd.DataFrame()
     table["benefit ratio"] = None

@@ -4,7 +4,8 @@ A session: a worker of its own takes the numerics reference (the first steps in 
 dtype and in float64); each variant gets its own worker process, started beside the reference's, and
 they are set up one at a time, so that compile latencies do not overlap; each setup checks its steps
 against the reference. With `aa_control`, the baseline is set up twice (`<baseline>_aa`): the ratio of
-the two is the session's noise. Then `rounds` short rounds: in each, every variant runs `iters` timed
+the two is the session's noise. With `floor` (on a GPU, one rank), a third time as the floor: its step
+captured whole into one CUDA graph and replayed, every variant's time over it in its record. Then `rounds` short rounds: in each, every variant runs `iters` timed
 iterations in turn, the order rotating, so that drift hits every variant alike. Then each is profiled,
 and one record per variant is appended, with its speedup over the session's baseline and a 95 %
 interval from the rounds. A workload whose selected variants all have final records is passed over
@@ -37,6 +38,7 @@ from experiments.worker import Worker, WorkerError
 
 log = logging.getLogger(__name__)
 AA_SUFFIX = "_aa"  # the A/A control: the baseline measured by a second worker, named <baseline>_aa
+FLOOR = "floor"  # the variant that times the floor (Variant.floor)
 
 
 class ConfigError(ValueError):
@@ -117,6 +119,9 @@ class Sweep:
         if cfg.aa_control and baseline is not None:
             self.variants.append(replace(baseline, name=baseline.name + AA_SUFFIX,
                                          description=f"A/A control: {baseline.name} in a second worker"))
+        if cfg.floor and baseline is not None and cfg.tp == 1:
+            self.variants.append(replace(baseline, name=FLOOR, floor=True, requires_cuda=True,
+                                         description=f"the floor: {baseline.name}'s step as one CUDA graph"))
         self.store = RecordStore(records_path(cfg, self.env))
         self._appended: set[str] = set()
         # per variant, of its last setup: the workers set up beside its own, its worker's start and its setup
@@ -215,6 +220,7 @@ class Sweep:
             rounds = self._time_rounds(entry, run, workers)
             log.info("%s: timed after %.0f s", entry.name, time.monotonic() - start)
             baseline_rounds = rounds[self.cfg.baseline] if self.cfg.baseline in workers else None
+            floor_rounds = rounds[FLOOR] if FLOOR in workers else None
             for name, (v, worker, setup) in workers.items():
                 try:
                     kernels = worker.call("profile", m.profile_iters)
@@ -224,7 +230,7 @@ class Sweep:
                     self._unmeasured(entry, run, v, "failed", str(e))
                     continue
                 beside, start_s, setup_s = self._setups[name]
-                self._append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds,
+                self._append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds, floor_rounds,
                                             kernels=kernels, host=host, set_up_beside=beside,
                                             start_s=round(start_s, 1), setup_s=round(setup_s, 1),
                                             **asdict(diagnostics)))
@@ -315,8 +321,11 @@ class Sweep:
         return rounds
 
     def _measured(self, entry: Entry, run: int, v: Variant, setup: Setup, rounds: list[Round],
-                  baseline_rounds: list[Round] | None, **fields) -> Record:
+                  baseline_rounds: list[Round] | None, floor_rounds: list[Round] | None, **fields) -> Record:
         iter_ms = [r.times_ms for r in rounds]
+        if floor_rounds is not None and not v.floor:  # this over the floor: the speedup of floor over this
+            over_floor, over_floor_ci = stats.speedup_interval(iter_ms, [r.times_ms for r in floor_rounds])
+            fields.update(over_floor=over_floor, over_floor_ci=over_floor_ci)
         all_ms = stats.flatten(iter_ms)
         p25, p75 = stats.quartiles(all_ms)
         compare_to_baseline = baseline_rounds is not None and v.name != self.cfg.baseline
@@ -337,4 +346,4 @@ class Sweep:
             **(dict(zip(("speedup", "speedup_ci"), stats.speedup_interval([r.times_ms for r in baseline_rounds], iter_ms)))
                if compare_to_baseline else {}),
             launch_us=[r.launch_us for r in rounds], sm_clock_mhz=[r.sm_clock_mhz for r in rounds],
-            numerics=setup.numerics, **fields)
+            numerics=setup.numerics, floor_method=setup.floor_method, **fields)

@@ -26,6 +26,23 @@ def time_iterations(step: Callable[[], object], n: int, device: torch.device) ->
     return times
 
 
+def capture_whole(step: Callable[[], object], device: torch.device, warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """`step` captured whole into one CUDA graph (torch.cuda.graph), after `warmup` calls on a side stream,
+    as PyTorch documents whole-network capture; raises where it cannot be captured (a synchronization,
+    a CPU tensor copied in, ...)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    synchronize(device)
+    return graph
+
+
 def sm_clock_mhz(device: torch.device) -> float | None:
     """Current SM clock through NVML (torch.cuda.clock_rate); None on CPU or without NVML."""
     if device.type != "cuda":

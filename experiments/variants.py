@@ -51,6 +51,7 @@ class Variant:
     description: str = ""
     dynamo: Mapping[str, Any] | None = None  # torch._dynamo.config settings, e.g. {capture_scalar_outputs: true}
     mutation: str | None = None  # a deliberate error (MUTATIONS), for proving the numerics check
+    floor: bool = False  # timed as the floor: its step captured whole into one CUDA graph and replayed (bench.py)
 
     def __post_init__(self):
         check_dynamo_config(dict(self.dynamo or {}))

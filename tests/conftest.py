@@ -11,7 +11,7 @@ CONF = REPO / "conf"
 
 # Small enough for a 2-core CPU, large enough to exercise rounds, ratios and quartiles.
 FAST = ["measure=smoke", "measure.cold_caches=false", "measure.rounds=2", "measure.iters=3", "measure.warmup=2", "measure.profile_iters=2",
-        "measure.launch_calibration=10", "figure=false", "aa_control=false"]
+        "measure.launch_calibration=10", "figure=false", "aa_control=false", "floor=false"]
 
 
 def pytest_collection_modifyitems(config, items):

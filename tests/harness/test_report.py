@@ -101,6 +101,18 @@ def test_time_over_gpu_time():
     assert table.loc["a eval b1", "pt2_cg time / GPU time"] == 20  # 2.0 ms over 0.1 ms of GPU time
 
 
+def test_time_over_the_floor_where_one_was_measured():
+    assert "pt2_cg time / floor" not in report.per_workload([rec("a", "inductor", 4.0), rec("a", "pt2_cg", 2.0)])
+    records = _as_paper([dataclasses.replace(rec("a", v, ms), over_floor=ms / 0.5) for v, ms in
+                         (("inductor", 4.0), ("pt2_cg", 2.0), ("grace", 1.0))]
+                        + [dataclasses.replace(rec("b", v, ms), over_floor=ms / 0.5) for v, ms in
+                           (("inductor", 4.0), ("pt2_cg", 2.0), ("grace", 2.0))])
+    table = report.per_workload(records)
+    assert table.loc["ALNET", "grace time / floor"] == 2 and table.loc["TKE", "inductor time / floor"] == 8
+    g = report.geomeans(records)
+    assert math.isclose(g.loc["grace", "geomean time / floor"], math.sqrt(2 * 4))
+
+
 def test_splice_needs_markers(tmp_path):
     path = tmp_path / "R.md"
     path.write_text("no markers\n")

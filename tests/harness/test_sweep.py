@@ -87,9 +87,11 @@ def test_a_rerun_appends_no_more_records_for_variants_this_machine_cannot_run(ma
 
 def test_the_aa_control_measures_the_baseline_twice_and_every_speedup_has_its_interval(make_cfg):
     sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
-                   "aa_control=true", "measure.rounds=4")
+                   "aa_control=true", "floor=true", "measure.rounds=4")
     recs = _by_variant(sweep.store)
-    assert set(recs) == {"eager", "inductor", "inductor_aa"} and len({r.session for r in recs.values()}) == 1
+    assert set(recs) == {"eager", "inductor", "inductor_aa", "floor"} and len({r.session for r in recs.values()}) == 1
+    floor = recs.pop("floor")  # a CUDA graph: on this CPU, skipped with the reason (on a GPU: test_cuda_harness)
+    assert floor.status == "skipped" and floor.reason == "variant 'floor' needs CUDA, and this machine has none"
     for name in ("eager", "inductor_aa"):
         r = recs[name]
         assert r.baseline == "inductor" and r.speedup == recs["inductor"].median_ms / r.median_ms
