@@ -110,8 +110,10 @@ def tensor_map_bits(address: int, moved_to: int) -> int:
     """The 1024 bits (little-endian) of a tiled tensor map (TMA descriptor) of a 256 x 256 byte matrix
     encoded at `address`, then moved to `moved_to` by cuTensorMapReplaceAddress."""
     d = driver
-    tensor_map = _check(d.cuTensorMapEncodeTiled(
-        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address, [256, 256], [256], [16, 16], [1, 1],
+    u64, u32 = (lambda *v: [d.cuuint64_t(x) for x in v]), (lambda *v: [d.cuuint32_t(x) for x in v])
+    tensor_map = _check(d.cuTensorMapEncodeTiled(  # the sizes as the driver's types: plain ints are refused
+        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address, u64(256, 256), u64(256), u32(16, 16),
+        u32(1, 1),
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))

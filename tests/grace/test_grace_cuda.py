@@ -338,3 +338,21 @@ def test_a_backward_graph_run_again_within_a_call_leaves_each_steps_gradients_ri
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step}: {m}")
     backward = [s for g in grace.REPORTS for s in g.partitions if s.graph == grace.REPORTS[-1].graph and s.backward]
     assert backward and all(s.recordings >= 1 for s in backward), backward
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="TMA descriptors need compute capability 9.0")
+def test_pi_learns_where_this_driver_keeps_a_tma_descriptors_address(monkeypatch):
+    """On the H200 the driver refused the plain ints PI encoded a descriptor with, and PI read no TMA
+    descriptor at all ("PI cannot read TMA descriptors here")."""
+    from grace import cuda_driver, pi
+
+    monkeypatch.setattr(pi, "_codec", [])
+    x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    address, moved = x.data_ptr(), x.data_ptr() + (1 << 16)
+    codec = pi.tensor_map_codec(address)
+    assert codec is not None
+    bits = cuda_driver.tensor_map_bits(address, address)
+    assert codec.decode(bits) == address
+    assert codec.encode(bits, moved) == cuda_driver.tensor_map_bits(address, moved)
+
