@@ -40,7 +40,9 @@ def record(log: Path, commit: str, device: str, torch: str, runs: Path = RUNS, c
     full = subprocess.run(["git", "rev-parse", commit], capture_output=True, text=True, check=True).stdout.strip()
     entry = {"command": command, "commit": full, "grace_tree": grace_tree(full),
              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
-             "device": device, "torch": torch, **counts(summary), "summary": summary}
+             "device": device, "torch": torch, **counts(summary), "summary": summary,
+             # stopped (a device call's time limit): what it counts passed, the rest never ran
+             "interrupted": any("KeyboardInterrupt" in line for line in lines)}
     runs.parent.mkdir(parents=True, exist_ok=True)
     with runs.open("a") as f:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
@@ -53,12 +55,20 @@ def status(runs: Path = RUNS, head: str = "HEAD") -> str:
     if not entries:
         return "CUDA tests: never run on a GPU.\n"
     last = entries[-1]
-    verdict = "passed" if last["failed"] == 0 and last["passed"] > 0 else f"{last['failed']} failed"
-    same = grace_tree(head) == last["grace_tree"]
-    code = ("grace/ is unchanged since" if same else "grace/ has changed since")
-    return (f"CUDA tests on {last['device'].split(',')[0]} (torch {last['torch']}): {verdict} "
-            f"({last['passed']} passed, {last['failed']} failed, {last['skipped']} skipped) at "
-            f"{last['commit'][:7]}, {last['date']}; {code}.\n")
+    line = f"CUDA tests on {last['device'].split(',')[0]} (torch {last['torch']}): {_run(last, head)}"
+    if last.get("interrupted") and (whole := [e for e in entries if not e.get("interrupted")]):
+        line += f"; the last run to the end: {_run(whole[-1], head)}"
+    return line + ".\n"
+
+
+def _run(entry: dict, head: str) -> str:
+    if entry.get("interrupted"):
+        verdict = "interrupted before the end" + (f", {entry['failed']} failed" if entry["failed"] else "")
+    else:
+        verdict = "passed" if entry["failed"] == 0 and entry["passed"] > 0 else f"{entry['failed']} failed"
+    same = grace_tree(head) == entry["grace_tree"]
+    return (f"{verdict} ({entry['passed']} passed, {entry['failed']} failed, {entry['skipped']} skipped) at "
+            f"{entry['commit'][:7]}, {entry['date']}; grace/ {'is unchanged' if same else 'has changed'} since")
 
 
 def main(argv=None) -> int:

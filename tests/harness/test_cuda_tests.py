@@ -25,6 +25,18 @@ def test_a_recorded_run_makes_the_status_line(tmp_path):
     assert json.loads(runs.read_text().splitlines()[1])["command"] == other["command"] == "pytest -m cuda tests/harness"
 
 
+def test_a_run_stopped_before_the_end_is_not_called_passed(tmp_path):
+    log, runs = tmp_path / "cuda.log", tmp_path / "runs.jsonl"
+    log.write_text("....\n===== 4 passed in 5.0s =====\n")
+    cuda_tests.record(log, "HEAD", "NVIDIA H200, driver 1", "2.11.0", runs)
+    log.write_text("..\n!!!!! KeyboardInterrupt !!!!!\n===== 2 passed, 1 skipped in 9.0s =====\n")
+    entry = cuda_tests.record(log, "HEAD", "NVIDIA H200, driver 1", "2.11.0", runs)
+    assert entry["interrupted"] and entry["passed"] == 2
+    line = cuda_tests.status(runs)
+    assert line.startswith("CUDA tests on NVIDIA H200 (torch 2.11.0): interrupted before the end (2 passed,")
+    assert "; the last run to the end: passed (4 passed, 0 failed, 0 skipped)" in line
+
+
 def test_a_log_without_a_summary_is_refused(tmp_path):
     log = tmp_path / "cuda.log"
     log.write_text("collecting ...\nKilled\n")
