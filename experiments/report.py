@@ -358,6 +358,13 @@ def _grace_variant(record: dict) -> str:
     return "grace" if on == ["cgct", "pi", "scg"] else f"grace ({'+'.join(on) or 'runtime'})"
 
 
+def _reasons(reasons: list[str], shown: int = 3, chars: int = 100) -> str:
+    """Distinct reasons, as a table cell: the first `shown`, each cut at `chars`, and how many more."""
+    distinct = list(dict.fromkeys(r if len(r) <= chars else r[:chars - 3] + "..." for r in reasons))
+    more = f"; and {len(distinct) - shown} more" if len(distinct) > shown else ""
+    return "; ".join(distinct[:shown]) + more
+
+
 def corpus(records: Sequence[dict], stock: Sequence[str] = ("inductor", "pt2_cg")) -> tuple[pd.DataFrame, pd.DataFrame]:
     """From the corpus's records (experiments.corpus), the newest per program and variant: how many of
     each status per variant, and per program each GraCE variant that ran ok over the faster stock
@@ -389,8 +396,9 @@ def corpus(records: Sequence[dict], stock: Sequence[str] = ("inductor", "pt2_cg"
         if "grace" in ok:  # why it ran as it did: how much the graphs replayed, and what they left out
             g, summary = ok["grace"], ok["grace"].get("grace") or {}
             row["grace: kernels in graphs"] = f"{g.get('kernels_in_graphs')} of {g.get('kernels')}"
-            row["grace: why not in a graph"] = "; ".join(
+            row["grace: why not in a graph"] = _reasons(
                 summary.get("not_captured", []) + summary.get("without_graph", []) + summary.get("fallbacks", []))
+            row["grace: measured at"] = ((g.get("env") or {}).get("git_commit") or "")[:7]
         rows.append(row)
     vs = pd.DataFrame(rows).set_index("program") if rows else pd.DataFrame()
     if not vs.empty:

@@ -213,6 +213,7 @@ def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
                r("b", "grace", us=8, options=on), r("c", "inductor", us=10), r("c", "grace", us=10, jitter=0.3, options=on)]
     records[2].update(kernels=10, kernels_in_graphs=4)
     records[2]["grace"]["not_captured"] = ["SCG: faster without a graph"]
+    records[2]["env"] = {"git_commit": "bc256dc84f9d"}
     rates, vs = report.corpus(records)  # the newest counts
     assert rates.loc["pt2_cg", "crash"] == 1 and rates.loc["grace", "ok"] == 3 and rates.loc["grace", "programs"] == 3
     assert rates.loc["grace (cgct)", "programs"] == 2
@@ -221,8 +222,16 @@ def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
     assert vs.loc["a", "grace low"] > 1 and list(vs["grace verdict"]) == ["slower", "within noise", "faster"]
     assert vs.loc["a", "grace: kernels in graphs"] == "4 of 10"
     assert vs.loc["a", "grace: why not in a graph"] == "SCG: faster without a graph"
+    assert vs.loc["a", "grace: measured at"] == "bc256dc" and vs.loc["b", "grace: measured at"] == ""
     text = report.corpus_markdown(records)
     assert "grace 0.986 (slower beyond noise on 1 of 3 programs, faster on 1)" in text
+
+
+def test_a_corpus_cell_keeps_distinct_reasons_short():
+    fell_back = [f"graph {g}: Inductor without GraCE's runtime: " + "x" * 200 for g in (5, 6)]
+    cell = report._reasons(["warm-up", "warm-up", "SCG: faster without a graph", *fell_back, "last"])
+    assert cell.startswith("warm-up; SCG: faster without a graph; graph 5: Inductor without")
+    assert cell.endswith("...; and 2 more") and len(cell) < 200
 
 
 def test_host_gap_takes_apart_what_a_workload_spends_beyond_its_gpu_time():
