@@ -60,6 +60,8 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
             "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
             "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None, "over_floor": r.over_floor,
+            "floor_lo": r.over_floor_ci[0] if r.over_floor_ci else None,
+            "floor_hi": r.over_floor_ci[1] if r.over_floor_ci else None,
             "rel_err": r.numerics.rel_err if r.numerics else None, "cudagraph_skips": r.cudagraph_skips, "graph_breaks": r.graph_breaks,
             "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons),
             "graph_break_reasons": "; ".join(r.graph_break_reasons),
@@ -68,10 +70,10 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
             **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
     df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "baseline_ms", "round_ratios", "speedup", "ci_lo", "ci_hi", "gpu_kernel_ms", "kernels",
-                                           "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "over_floor", "rel_err",
+                                           "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "over_floor", "floor_lo", "floor_hi", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
                                            "not_captured", "set_up_alone", *ENV_COLUMNS])
-    for column in ("baseline_ms", "speedup", "ci_lo", "ci_hi", "over_floor"):
+    for column in ("baseline_ms", "speedup", "ci_lo", "ci_hi", "over_floor", "floor_lo", "floor_hi"):
         df[column] = df[column].astype(float)  # all empty: None, an object column otherwise
     df["label"] = [label(r.workload, r.mode, r.batch, r.size) for r in df.itertuples()]
     df["paper"] = [acronym(r.workload, r.mode, r.batch, r.size) is not None for r in df.itertuples()]
@@ -214,6 +216,21 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
     return _save(fig, table, out, name)
 
 
+def floor_figure(records: Iterable[Record], out: Path, variants: Sequence[str] = (BASELINE, "pt2_cg", "grace"),
+                 name: str = "floor") -> Path | None:
+    """Bars of each variant's time over the floor measured beside it (the step as one CUDA graph), per
+    workload and geomean, with the intervals; None where no record has a floor."""
+    df = frame(records)
+    table = _ok(df, "over_floor").reindex(columns=list(variants)) if len(df) else pd.DataFrame()
+    if table.isna().all().all():
+        return None
+    table = with_geomean(table.dropna(how="all"))
+    errors = tuple(_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("floor_lo", "floor_hi"))
+    fig = _bars(table, f"Time over the floor ({_devices(df)})", "time / floor (the step as one CUDA graph)",
+                errors=errors)
+    return _save(fig, table, out, name)
+
+
 def _devices(df: pd.DataFrame) -> str:
     """The machines the records were measured on: the GPU's name, or 'CPU, no CUDA'."""
     return ", ".join(sorted({g if isinstance(g, str) else "CPU, no CUDA" for g in df["gpu"]})) or "no records"
@@ -290,7 +307,8 @@ def load(results: Path, device: str, experiments: Sequence[str] | None = None) -
 
 
 def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
-    """Figs 9 and 10 over the paper's workloads, the workloads beyond them in a figure of their own, and
+    """Figs 9 and 10 over the paper's workloads, their time over the floor where measured, the workloads
+    beyond them in a figure of their own, and
     Tables 2 and 3, from single-GPU records; Fig 11 from the tp experiment's."""
     tp = tp_figure([r for r in records if r.experiment == TP_EXPERIMENT], out)
     records = single_gpu(records)
@@ -302,6 +320,7 @@ def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
                                 "Fig 9: speedup over PyTorch2 without CUDA Graphs"),
                  speedup_figure(paper, out, ["cgct", "cgct_pi", "grace"], "fig10_ablation", "Fig 10: ablation",
                                 overlay="pt2_cg")]
+        figs += [f for f in [floor_figure(paper, out)] if f]
     if extra:
         figs.append(speedup_figure(extra, out, ["pt2_cg", "grace"], "extra_speedup",
                                    "Beyond the paper's workloads: speedup over PyTorch2 without CUDA Graphs"))

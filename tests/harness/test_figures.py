@@ -181,3 +181,14 @@ def test_figs_9_and_10_hold_the_paper_workloads_and_the_others_have_their_own(tm
     assert names[:3] == ["fig9_speedup.png", "fig10_ablation.png", "extra_speedup.png"]
     assert list(pd.read_csv(tmp_path / "fig9_speedup.csv")["workload"]) == ["ALNET", "geomean (n=1)"]
     assert "ALNET" not in set(pd.read_csv(tmp_path / "extra_speedup.csv")["workload"])
+
+
+def test_the_floor_figure_draws_each_variants_time_over_the_floor_with_its_interval(tmp_path):
+    assert figures.floor_figure(RECORDS, tmp_path) is None  # no floor measured: no figure
+    floored = [dataclasses.replace(r, over_floor=r.median_ms / 0.5, over_floor_ci=[r.median_ms / 0.6, r.median_ms / 0.4])
+               for r in RECORDS]
+    path = figures.floor_figure(floored, tmp_path)
+    table = pd.read_csv(tmp_path / "floor.csv", index_col="workload")
+    assert path.is_file() and table.loc["a eval b1", "inductor"] == 8 and table.loc["b eval b1", "grace"] == 2
+    assert math.isnan(table.loc["c eval b1", "grace"])  # failed
+    assert math.isclose(table.loc["geomean (n=2)", "pt2_cg"], math.sqrt(4 * 6))
