@@ -127,14 +127,15 @@ def intervals(df: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.D
 
 def with_geomean(table: pd.DataFrame) -> pd.DataFrame:
     """Append a geomean row: over the workloads where every column has a value; where that leaves none
-    (a variant not measured yet), each column over its own workloads, with the counts in the label."""
+    (a variant not measured yet), each column over its own workloads, with the counts in the label (of
+    those that have any: a bar without a value says why)."""
     complete = table.dropna()
     if len(complete):
         row, label = {c: stats.geomean(complete[c].tolist()) for c in table.columns}, f"{GEOMEAN} (n={len(complete)})"
     else:
         counts = table.notna().sum()
         row = {c: stats.geomean(table[c].dropna().tolist()) if counts[c] else np.nan for c in table.columns}
-        label = f"{GEOMEAN} (" + ", ".join(f"{c} n={counts[c]}" for c in table.columns) + ")"
+        label = f"{GEOMEAN} (" + ", ".join(f"{c} n={counts[c]}" for c in table.columns if counts[c]) + ")"
     return pd.concat([table, pd.DataFrame(row, index=[label])])
 
 
@@ -186,6 +187,8 @@ def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | Non
                    label=LABELS.get(overlay.name, overlay.name))
     if reference is not None:
         ax.axhline(reference, color="0.3", linewidth=0.8)
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high + 0.25 * (high - low))  # room above the tallest bar for its value and the footnote
     ax.set_xticks(x, labels, rotation=35, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -210,6 +213,10 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
     order = (table[variants[-1]] / table[variants[0]]).sort_values(na_position="last").index
     table = with_geomean(table.reindex(order))
     absent, footnote = _absent(df, list(variants))
+    for v in variants:  # a variant that no workload ran (pt2_cg on a CPU): its geomean says why, not "missing"
+        statuses = set(df.loc[df["variant"] == v, "status"])
+        if pd.isna(table.iloc[-1][v]) and len(statuses) == 1 and statuses != {"ok"}:
+            absent.loc[table.index[-1], v] = statuses.pop()
     fig = _bars(table[list(variants)], f"{title} ({_devices(df)})", f"speedup over {LABELS[BASELINE]}",
                 table[overlay] if overlay else None, errors=intervals(df, table[list(variants)]), absent=absent,
                 footnote=footnote)

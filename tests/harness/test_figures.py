@@ -52,7 +52,7 @@ def test_each_variant_of_a_workload_measured_in_parts_is_divided_by_its_own_sess
 
 def test_geomean_per_variant_when_no_workload_has_them_all():
     table = figures.with_geomean(figures.speedups(figures.frame(RECORDS), ["pt2_cg", "cgct"]))
-    label = "geomean (pt2_cg n=3, cgct n=0)"
+    label = "geomean (pt2_cg n=3)"
     assert math.isclose(table.loc[label, "pt2_cg"], (2.0 * 3.0 * 0.5) ** (1 / 3))
     assert math.isnan(table.loc[label, "cgct"])
 
@@ -162,7 +162,7 @@ def test_make_figures_leaves_out_records_made_before_their_workloads_revision(tm
     assert "eos_chain" not in pd.read_csv(tmp_path / "figs" / "extra_speedup.csv")["workload"].str.cat()
 
 
-def test_a_speedup_figure_says_which_bars_were_skipped_and_why(tmp_path):
+def test_a_speedup_figure_says_which_bars_were_skipped_and_why(tmp_path, monkeypatch):
     cpu = [dataclasses.replace(r, env={"gpu": None, "date": "2026-12-02T00:00:00+00:00"}) for r in RECORDS]
     skipped = [dataclasses.replace(r, status="skipped", median_ms=None, reason="variant 'pt2_cg' needs CUDA, and "
                                    "this machine has none") if r.variant == "pt2_cg" else r for r in cpu]
@@ -172,6 +172,11 @@ def test_a_speedup_figure_says_which_bars_were_skipped_and_why(tmp_path):
     assert "pt2_cg: variant 'pt2_cg' needs CUDA, and this machine has none" in footnote.splitlines()
     assert figures._devices(df) == "CPU, no CUDA" and figures._devices(figures.frame(RECORDS)) == "NVIDIA H200"
     assert figures.speedup_figure(skipped, tmp_path).is_file()
+    drawn = []
+    real = figures._bars
+    monkeypatch.setattr(figures, "_bars", lambda *a, **k: drawn.append(k["absent"]) or real(*a, **k))
+    figures.speedup_figure(skipped, tmp_path, ["pt2_cg", "grace"])
+    assert drawn[0].at["geomean (grace n=2)", "pt2_cg"] == "skipped"  # not "missing"
 
 
 def test_figs_9_and_10_hold_the_paper_workloads_and_the_others_have_their_own(tmp_path):
