@@ -315,8 +315,8 @@ def load(results: Path, device: str, experiments: Sequence[str] | None = None) -
 
 def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
     """Figs 9 and 10 over the paper's workloads, their time over the floor where measured, the workloads
-    beyond them in a figure of their own, and
-    Tables 2 and 3, from single-GPU records; Fig 11 from the tp experiment's."""
+    beyond them in a figure of their own, and Tables 2 and 3, from single-GPU records; Fig 11 from the
+    tp experiment's."""
     tp = tp_figure([r for r in records if r.experiment == TP_EXPERIMENT], out)
     records = single_gpu(records)
     paper = [r for r in records if acronym(r.workload, r.mode, r.batch, r.size)]
