@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from grace import cgct, runtime
+from grace import cgct, lean, runtime
 from grace import torch_adapter as adapter
 
 log = logging.getLogger("grace")
@@ -53,14 +53,16 @@ class GraphReport:
     notes: list[str] = dataclasses.field(default_factory=list)  # compiled graphs without partitions, ...
     partitions: list[runtime.Stats] = dataclasses.field(default_factory=list)
     fallbacks: list[str] = dataclasses.field(default_factory=list)  # safer settings taken after a failure, and why
+    call_path: str = "as compiled"  # "lean" (grace.lean), or why not
 
 
 REPORTS: list[GraphReport] = []  # every graph the backend compiled in this process, in order
 _ids = itertools.count()
 
 
-def _inner_compile(gm, example_inputs, *, report: GraphReport, **kwargs):
-    """Inductor's compile_fx_inner with partitioning on and GraCE's runtime around each partition."""
+def _inner_compile(gm, example_inputs, *, report: GraphReport, candidates: list, **kwargs):
+    """Inductor's compile_fx_inner with partitioning on and GraCE's runtime around each partition; an
+    inference graph that is one partition end to end goes to `candidates` (grace.lean)."""
     with adapter.partitioned():
         compiled = adapter.compile_fx_inner(gm, example_inputs, **kwargs)
     backward = bool(kwargs.get("is_backward"))
@@ -74,14 +76,26 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, **kwargs):
         devices = ", ".join(sorted(adapter.device_types(compiled))) or "none"
         report.notes.append(f"{part}: no CUDA-graph partition (devices: {devices}); runs as compiled")
         return compiled
-    wrappers = []
+    made: list[runtime.PartitionGraph] = []
     group = adapter.collective_group(gm)  # ranks whose SCG decisions must be taken together
+
+    def wrapper(fn, p: adapter.Partition, stats: runtime.Stats) -> runtime.PartitionGraph:
+        made.append(runtime.PartitionGraph(fn, p, stats, scg=report.options.scg, pi=report.options.pi, group=group))
+        return made[-1]
+
     for p in parts:
         stats = runtime.Stats(report.graph, backward, p.index)
         report.partitions.append(stats)
-        wrappers.append(functools.partial(runtime.PartitionGraph, partition=p, stats=stats,
-                                          scg=report.options.scg, pi=report.options.pi, group=group))
-    adapter.wrap_partitions(compiled, wrappers)
+    adapter.wrap_partitions(compiled, [functools.partial(wrapper, p=p, stats=s)
+                                       for p, s in zip(parts, report.partitions[-len(parts):])])
+    why_not = "training: AOTAutograd's autograd function runs it" if not kwargs.get("is_inference") else \
+        adapter.beyond_one_partition(compiled)
+    if why_not is None:
+        (p,) = parts
+        check = {i for i, g in enumerate(adapter.partition_input_map(compiled)) if g in set(compiled.inputs_to_check)}
+        candidates.append(lean.Candidate(made[0], adapter.graph_outputs(gm), frozenset(check), p.mutated))
+    elif not backward:
+        report.call_path = f"as compiled: {why_not}"
     return compiled
 
 
@@ -91,8 +105,13 @@ def _compile(gm: torch.fx.GraphModule, example_inputs, report: GraphReport | Non
     with adapter.aot_config():
         if report is None:
             return adapter.compile_fx(gm, example_inputs)
-        return adapter.compile_fx(gm, example_inputs, inner_compile=functools.partial(_inner_compile, report=report),
-                                  config_patches=adapter.partition_config_patches())
+        candidates: list[lean.Candidate] = []
+        compiled = adapter.compile_fx(gm, example_inputs, config_patches=adapter.partition_config_patches(),
+                                      inner_compile=functools.partial(_inner_compile, report=report,
+                                                                      candidates=candidates))
+    if len(candidates) != 1:
+        return compiled
+    return lean.LeanCall(compiled, candidates[0], lambda path: setattr(report, "call_path", path))
 
 
 def _fall_back(report: GraphReport, setting: str, e: Exception) -> None:
@@ -138,14 +157,14 @@ def _compile_falling_back(gm: torch.fx.GraphModule, example_inputs, report: Grap
         if changed:
             cgct.restore_graph(gm, pristine)
             _fall_back(report, "without CGCT (compiling the rewritten graph failed)", e)
-            report.cgct, report.partitions, report.notes = [], [], []
+            report.cgct, report.partitions, report.notes, report.call_path = [], [], [], "as compiled"
             try:
                 return _compile(gm, example_inputs, report)
             except adapter.DynamoRestart:
                 raise
             except Exception as e2:
                 e = e2
-        report.partitions, report.notes = [], []
+        report.partitions, report.notes, report.call_path = [], [], "as compiled"
         _fall_back(report, "Inductor without GraCE's runtime (compiling with it failed)", e)
     return _compile(gm, example_inputs, None)
 

@@ -95,13 +95,15 @@ class Explanation:
             "cgct": [note for g in self.graphs for note in g.cgct],
             "notes": [note for g in self.graphs for note in g.notes],
             "fallbacks": [f"graph {g.graph}: {f}" for g in self.graphs for f in g.fallbacks],
+            "lean_graphs": sum(g.call_path == "lean" for g in self.graphs),  # calls past the wrappers (grace.lean)
+            "call_paths": sorted({g.call_path for g in self.graphs if g.call_path != "lean"}),
         }
 
     def __str__(self) -> str:
         lines = []
         for g in self.graphs:
             cgct = "; ".join(g.cgct) or "nothing to change" if g.options.cgct else "off"
-            lines.append(f"graph {g.graph}: cgct: {cgct}")
+            lines.append(f"graph {g.graph}: cgct: {cgct}; call path: {g.call_path}")
             lines += [f"  {note}" for note in g.notes]
             lines += [f"  fell back to {f}" for f in g.fallbacks]
         lines.append(self.partitions().to_string(index=False) if self.rows() else "no CUDA-graph partitions")

@@ -90,6 +90,7 @@ class PartitionGraph:
         self.warmed: set[tuple] = set()  # sizes seen once (warm-up): the next call at them records
         self.declined: set[tuple] = set()  # sizes SCG runs without a graph (their recording freed)
         self.calls = 0
+        self.seen: list | None = None  # while grace.lean watches a call: each call's arguments and result
         _LIVE.add(self)
 
     def free(self) -> None:
@@ -229,6 +230,14 @@ class PartitionGraph:
         return here
 
     def __call__(self, args: list) -> Any:
+        if self.seen is not None:
+            self.seen.append(list(args))
+            result = self._call_safely(args)
+            self.seen.append(result)
+            return result
+        return self._call_safely(args)
+
+    def _call_safely(self, args: list) -> Any:
         try:
             return self._call(args)
         except Exception as e:

@@ -92,6 +92,38 @@ def partitions(compiled, static_input_idxs) -> list[Partition] | None:
     return out
 
 
+def beyond_one_partition(compiled) -> str | None:
+    """What the compiled graph's call does beyond running one partition on graph inputs (None: nothing):
+    another partition, an input made outside it, an input mutated outside it. Outputs made outside it,
+    or made views of, show in what the call returns (grace.lean)."""
+    maps = compiled.partition_maps
+    if len(maps) != 1:
+        return f"{len(maps)} CUDA-graph partitions"
+    used = set(maps[0].input_index_mapping)
+    if None in used:
+        return "a partition input is computed outside the partition"
+    if set(compiled.mutated_input_idxs) - used:
+        return "an input is mutated outside the partition"
+    return None
+
+
+def partition_input_map(compiled) -> list[int | None]:
+    """The graph input of each input of the compiled graph's first partition (None: made in the graph)."""
+    return list(compiled.partition_maps[0].input_index_mapping)
+
+
+def graph_outputs(gm: torch.fx.GraphModule) -> int:
+    return len(gm.graph.find_nodes(op="output")[0].args[0])
+
+
+def current_device() -> int:
+    return torch._C._cuda_getDevice()
+
+
+def autocast_enabled() -> bool:
+    return torch._C._is_any_autocast_enabled()
+
+
 def wrap_partitions(compiled, wrappers) -> None:
     """Replace partition i of `compiled` by wrappers[i](partition_fn)."""
     compiled.recursively_apply_fns(wrappers)

@@ -72,6 +72,37 @@ def test_an_input_mutated_in_place_is_captured_in_place():
     assert stats and all(s.status == "captured" and s.replays >= 4 for s in stats), stats
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("options", [RUNTIME, {}])
+def test_a_graph_that_is_one_partition_takes_the_lean_path_and_stays_right(options):
+    """grace.lean: calls past AOTAutograd's and Inductor's wrappers, the mutated cache's version bumped;
+    an output that is a view of an input keeps the wrappers, and says why."""
+    model = _mlp()
+    compiled = torch.compile(model, backend="grace", options=options)
+    for i in range(5):
+        x = torch.randn(16, 32, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x))
+    assert grace.REPORTS[-1].call_path == "lean", grace.REPORTS[-1]
+    cache, eager_cache = torch.zeros(4, 8, device="cuda"), torch.zeros(4, 8, device="cuda")
+    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    step = torch.compile(decode_step, backend="grace", options=options)
+    for i in range(6):
+        x = torch.randn(4, 1, device="cuda")
+        pos.fill_(i)
+        version = cache._version
+        torch.testing.assert_close(step(cache, x, pos), decode_step(eager_cache, x, pos))
+        torch.testing.assert_close(cache, eager_cache)
+        assert cache._version > version
+    assert grace.REPORTS[-1].call_path == "lean" and grace.REPORTS[-1].partitions[0].replays >= 4
+    viewed = torch.compile(lambda x: (x * 2, x[0]), backend="grace", options=options)
+    for i in range(4):
+        x = torch.randn(4, 4, device="cuda")
+        y, row = viewed(x)
+        torch.testing.assert_close(y, x * 2)
+        assert row.data_ptr() == x.data_ptr()
+    assert grace.REPORTS[-1].call_path.startswith("not lean: "), grace.REPORTS[-1].call_path
+
+
 @pytest.mark.parametrize("options", [RUNTIME, {"pi": True, "scg": False}])
 def test_a_mutated_input_that_moves_every_call_is_copied_in_and_back(options):
     """A new cache every call: recorded in place three times, then copied in and copied back."""

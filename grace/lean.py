@@ -1,0 +1,117 @@
+"""The lean call path: where a Dynamo graph's compiled code is one CUDA-graph partition end to end, its
+calls go straight to the partition's runtime (grace.runtime.PartitionGraph), past AOTAutograd's and
+Inductor's per-call wrappers, which then have nothing to do beyond what the partition does itself.
+
+What it takes is checked twice. When compiled (grace.backend): an inference graph (no backward), one
+partition, each of its inputs a graph input, no input mutated outside it (torch_adapter.
+beyond_one_partition). When called: one call, watched, must show the partition taking Dynamo's own
+argument tensors and Dynamo getting back the partition's own output tensors, as many as the graph has
+outputs (AOTAutograd adds outputs for the mutations and aliases it replays). What the wrappers still
+did per call is done here: grad mode off, the version counters of mutated inputs bumped. Calls where
+they would do more (autocast on, an input that must be realigned, another current device) take the
+wrappers' path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable
+
+import torch
+
+from grace import torch_adapter as adapter
+from grace.runtime import ALIGNMENT, PartitionGraph
+
+log = logging.getLogger("grace")
+
+WATCHED = 3  # calls watched for the route before it is given up (a realigned input's copy can hide it)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A compiled forward graph that may take the lean path."""
+    part: PartitionGraph
+    outputs: int  # the compiled graph's outputs
+    check: frozenset[int]  # partition inputs that Inductor realigns when misaligned
+    mutated: frozenset[int]  # partition inputs mutated in place
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    inputs: tuple[int, ...]  # the Dynamo argument of each partition input
+    outputs: tuple[int, ...]  # the partition output of each graph output
+    check: tuple[int, ...]  # Dynamo arguments to check for alignment
+    mutated: tuple[int, ...]  # Dynamo arguments whose versions to bump
+    device: int | None  # the CUDA device the partition runs on
+    as_tuple: bool
+
+
+def route(candidate: Candidate, args: tuple, calls: list, returned: Any) -> Route | str:
+    """The route that one watched call shows (`calls`: the partition's arguments and result, per call),
+    or why there is none."""
+    if len(calls) != 2:
+        return f"the partition ran {len(calls) // 2} times in one call"
+    part_args, result = calls
+    if not isinstance(returned, (list, tuple)) or len(returned) != candidate.outputs:
+        return "AOTAutograd changes the graph's outputs (mutations, aliases or tokens it handles)"
+    where = {id(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    inputs = []
+    for a in part_args:
+        if not isinstance(a, torch.Tensor) or id(a) not in where:
+            return "a partition input is not one of the graph's arguments (sizes, or a copy)"
+        inputs.append(where[id(a)])
+    made = {id(t): j for j, t in enumerate(result) if isinstance(t, torch.Tensor)}
+    outputs = []
+    for t in returned:
+        if id(t) not in made:
+            return "a graph output is not one of the partition's outputs (an input, a view or a constant)"
+        outputs.append(made[id(t)])
+    cuda = next((a.device.index for a in part_args if a.device.type == "cuda"), None)
+    return Route(tuple(inputs), tuple(outputs), tuple(sorted({inputs[i] for i in candidate.check})),
+                 tuple(sorted({inputs[i] for i in candidate.mutated})), cuda, isinstance(returned, tuple))
+
+
+class LeanCall:
+    """What Dynamo calls for one compiled graph: the wrappers' path (`compiled`) until a watched call
+    shows the route, then the partition directly."""
+
+    def __init__(self, compiled: Callable, candidate: Candidate, explain: Callable[[str], None]):
+        self.compiled, self.candidate, self.explain = compiled, candidate, explain
+        self.route: Route | None = None
+        self.watch = WATCHED
+
+    def __call__(self, *args):
+        r = self.route
+        if r is None:
+            return self._watched(args) if self.watch else self.compiled(*args)
+        if ((r.check and any(args[i].data_ptr() % ALIGNMENT for i in r.check))
+                or (r.device is not None and adapter.current_device() != r.device) or adapter.autocast_enabled()):
+            return self.compiled(*args)
+        part_args = [args[i] for i in r.inputs]
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                result = self.candidate.part(part_args)
+        else:
+            result = self.candidate.part(part_args)
+        if r.mutated:
+            torch.autograd.graph.increment_version([args[i] for i in r.mutated])
+        outputs = [result[j] for j in r.outputs]
+        return tuple(outputs) if r.as_tuple else outputs
+
+    def _watched(self, args: tuple):
+        self.watch -= 1
+        part = self.candidate.part
+        part.seen = []
+        try:
+            returned = self.compiled(*args)
+            found = route(self.candidate, args, part.seen, returned)
+        finally:
+            part.seen = None
+        if isinstance(found, Route):
+            self.route, self.watch = found, 0
+            self.explain("lean")
+        elif not self.watch:
+            self.explain(f"not lean: {found}")
+            log.info("grace: graph %d keeps AOTAutograd's and Inductor's call path: %s", part.stats.graph, found)
+        return returned

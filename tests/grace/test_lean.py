@@ -1,0 +1,106 @@
+"""The lean call path (grace.lean) with a CPU stand-in for the wrappers it goes past: `compiled` plays
+AOTAutograd and Inductor around one partition, as the grace backend hands it to Dynamo."""
+
+import torch
+
+from grace import lean
+from tests.grace.fakes import _add_one_then_scale, _part, _partition_fn
+
+
+def _wrapped(part, inputs=lambda args: [args[1], args[0]], outputs=list):
+    """Dynamo calls f(w, x); the stand-in passes [x, w] to the partition and hands back `outputs` of
+    its result. Counts its calls."""
+    calls = []
+
+    def compiled(*args):
+        calls.append(1)
+        return outputs(part(inputs(args)))
+    return compiled, calls
+
+
+def _lean(part, stats, compiled, outputs=1, mutated=(), check=()):
+    paths = []
+    call = lean.LeanCall(compiled, lean.Candidate(part, outputs, frozenset(check), frozenset(mutated)), paths.append)
+    return call, paths
+
+
+def test_once_a_call_shows_the_route_calls_go_straight_to_the_partition(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    compiled, through_wrappers = _wrapped(part)
+    call, paths = _lean(part, stats, compiled)
+    w = torch.full((4,), 2.0)
+    for i in range(6):
+        x = torch.randn(4)
+        (y,) = call(w, x)
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert paths == ["lean"] and len(through_wrappers) == 1
+    assert stats.status == "captured" and stats.replays == 5
+
+
+def test_a_graph_output_the_partition_did_not_make_keeps_the_wrappers(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    compiled, through_wrappers = _wrapped(part, outputs=lambda result: [result[0].view(2, 2)])
+    call, paths = _lean(part, stats, compiled)
+    w = torch.full((4,), 2.0)
+    for i in range(5):
+        x = torch.randn(4)
+        torch.testing.assert_close(call(w, x)[0], (x * w + 1).view(2, 2))
+    assert len(through_wrappers) == 5
+    assert paths == ["not lean: a graph output is not one of the partition's outputs (an input, a view or a constant)"]
+
+
+def test_a_partition_input_the_wrappers_made_keeps_the_wrappers(cpu_graphs):
+    """A realigned input (a copy) hides the route for a call; one that is made every call, for good."""
+    part, stats = _part(_partition_fn([]), static={1})
+    compiled, through_wrappers = _wrapped(part, inputs=lambda args: [args[1].clone(), args[0]])
+    call, paths = _lean(part, stats, compiled)
+    w = torch.full((4,), 2.0)
+    for i in range(lean.WATCHED + 2):
+        call(w, torch.randn(4))
+    assert len(through_wrappers) == lean.WATCHED + 2
+    assert paths == ["not lean: a partition input is not one of the graph's arguments (sizes, or a copy)"]
+
+
+def test_outputs_that_aotautograd_adds_keep_the_wrappers(cpu_graphs):
+    """The compiled graph returns a mutated input's new value that AOTAutograd copies back: the graph has
+    two outputs, Dynamo gets one."""
+    part, stats = _part(_partition_fn([]), static={1})
+    compiled, through_wrappers = _wrapped(part)
+    call, paths = _lean(part, stats, compiled, outputs=2)
+    for i in range(4):
+        call(torch.ones(4), torch.randn(4))
+    assert len(through_wrappers) == 4 and paths[-1].startswith("not lean: AOTAutograd changes the graph's outputs")
+
+
+def test_the_lean_path_bumps_a_mutated_inputs_version_and_runs_without_grad(cpu_graphs):
+    """As AOTAutograd's wrapper does: autograd must see the write, and nothing the call makes records a
+    graph for backward."""
+    part, stats = _part(_add_one_then_scale, mutated={1})
+    compiled, through_wrappers = _wrapped(part, inputs=lambda args: [args[1], args[0]])
+    call, paths = _lean(part, stats, compiled, mutated={1})
+    w = torch.zeros(4)
+    for i in range(4):
+        x = torch.randn(4, requires_grad=True)
+        before = w._version
+        (y,) = call(w, x.detach())
+        assert w._version > before and not y.requires_grad
+        torch.testing.assert_close(y, x.detach() * (i + 1))
+        del y
+    assert paths == ["lean"] and len(through_wrappers) == 1
+
+
+def test_calls_under_autocast_or_with_a_misaligned_input_take_the_wrappers(cpu_graphs):
+    part, stats = _part(_partition_fn([]), static={1})
+    compiled, through_wrappers = _wrapped(part)
+    call, paths = _lean(part, stats, compiled, check={0})
+    w = torch.full((4,), 2.0)
+    call(w, torch.randn(4))
+    assert paths == ["lean"]
+    with torch.autocast("cpu"):
+        call(w, torch.randn(4))
+    x = torch.randn(5)[1:]  # 4 bytes past an aligned address
+    torch.testing.assert_close(call(w, x)[0], x * w + 1)
+    assert len(through_wrappers) == 3
+    call(w, torch.randn(4))
+    assert len(through_wrappers) == 3
