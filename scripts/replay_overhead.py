@@ -1,21 +1,28 @@
 """Host cost of one call of a CUDA-graphed model: GraCE's runtime and stock graph trees against a bare
 torch.cuda.CUDAGraph.replay() of the same compiled work (issue: the runtime's replay path).
 
-    python scripts/replay_overhead.py [--out results/replay_overhead] [--calls 300] [--rounds 7]
+    python scripts/replay_overhead.py [--out results/replay_overhead] [--calls 300] [--rounds 7] [--synchronize]
 
-Per model, five ways to run one forward are timed interleaved, round by round: `bare` replays one
+Per model, these ways to run one forward are timed interleaved, round by round: `bare` replays one
 CUDA graph captured around the Inductor-compiled model (no input copy, no checks: the floor),
 `partition` is GraCE's replay path around that same work (its checks and bookkeeping, nothing else),
 `runtime` is backend="grace" with no optimization on (Dynamo's guards and wrappers, and the input
-copy, included), `pt2_cg` is mode="reduce-overhead", `inductor` is Inductor without graphs. Each round times `calls` back-to-back calls and one synchronization, so the
-host's cost per call is what shows when it exceeds the GPU's. The input is the same tensor each call.
-Writes one JSON record per model (median per call over rounds, every round's value, environment).
+copy, included), `grace` with all three on, `cgct`, `pi` and `scg` with one on, `pt2_cg` is
+mode="reduce-overhead", `inductor` is Inductor without graphs; with --synchronize, `sync` is an empty
+synchronize. Each round times `calls` back-to-back calls and one synchronization, so the host's cost per
+call is what shows when it exceeds the GPU's; with --synchronize, each call is synchronized and a round's
+value is the median of `calls` such calls: the latency a caller waits. The models: the suite's MLP,
+ResNet-18 and EOS chain (the same input tensor each call), `pointwise` (six elementwise ops on 4096
+elements, fused into one kernel) and `vit_tiny` (timm's ViT-Tiny at batch 1, a new input tensor each
+call, as a user's loop feeds it). Writes one JSON record per model (median per call over rounds, every
+round's value, environment).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import sys
@@ -32,7 +39,34 @@ from grace.torch_adapter import Partition  # noqa: E402
 from experiments import environment, workloads  # noqa: E402
 from experiments.task import Task  # noqa: E402
 
-MODELS = [("mlp", "full"), ("resnet18", "full"), ("eos_chain", "tiny")]
+MODELS = [("mlp", "full"), ("resnet18", "full"), ("eos_chain", "tiny"), ("pointwise", "full"), ("vit_tiny", "full")]
+OPTIONS = {"runtime": {"cgct": False, "pi": False, "scg": False}, "grace": {},
+           "cgct": {"cgct": True, "pi": False, "scg": False}, "pi": {"cgct": False, "pi": True, "scg": False},
+           "scg": {"cgct": False, "pi": False, "scg": True}}
+NEW_INPUTS = 8  # vit_tiny cycles through this many input tensors: each call's is another
+
+
+def pointwise(x):
+    return ((x * 2 + 1).sin() * x.cos() - x).relu()
+
+
+def build(name: str, size: str) -> tuple[torch.nn.Module | object, list[tuple]]:
+    """The model and its inputs, one tuple per call in turn (a single one: the same tensors each call)."""
+    if name == "pointwise":
+        return pointwise, [(torch.randn(4096, device="cuda"),)]
+    if name == "vit_tiny":
+        import timm
+
+        model = timm.create_model("vit_tiny_patch16_224", pretrained=False).cuda().eval()
+        return model, [(torch.randn(1, 3, 224, 224, device="cuda"),) for _ in range(NEW_INPUTS)]
+    task = Task(workloads.get(name)("eval", size=size, device="cuda"), seed=0)
+    return task.model, [tuple(task.input_sets[0])]
+
+
+def in_turn(fn, input_sets: list[tuple]):
+    """A call of `fn` on the next input set each time."""
+    sets = itertools.cycle(input_sets)
+    return lambda: fn(*next(sets))
 
 
 def bare_replay(compiled, inputs):
@@ -60,39 +94,45 @@ def partition_graph(compiled, n_inputs: int, static: bool = True, pi: bool = Fal
                                   pi=pi)
 
 
-def measure(name: str, size: str, calls: int, rounds: int) -> dict:
-    task = Task(workloads.get(name)("eval", size=size, device="cuda"), seed=0)
-    model, inputs = task.model, task.input_sets[0]
+def measure(name: str, size: str, calls: int, rounds: int, synchronize: bool) -> dict:
+    model, input_sets = build(name, size)
+    inputs = input_sets[0]
+    device = torch.device("cuda")
     with torch.inference_mode():
         compiled = torch.compile(model)
         part = partition_graph(compiled, len(inputs))
         for _ in range(3):
             part(list(inputs))
         ways = {"bare": bare_replay(compiled, inputs), "partition": lambda: part(list(inputs))}
-        for way, kwargs in {"runtime": {"backend": "grace", "options": {"cgct": False, "pi": False, "scg": False}},
+        if synchronize:
+            ways["sync"] = lambda: None
+        for way, kwargs in {**{w: {"backend": "grace", "options": o} for w, o in OPTIONS.items()},
                             "pt2_cg": {"mode": "reduce-overhead"}, "inductor": {}}.items():
             torch.compiler.reset()
-            compiled = torch.compile(model, **kwargs)
-            ways[way] = lambda c=compiled: c(*inputs)
+            ways[way] = in_turn(torch.compile(model, **kwargs), input_sets)
             for _ in range(5):
                 ways[way]()
         per_round = {way: [] for way in ways}
         for r in range(rounds):
             order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]
             for way in order:
-                per_round[way].append(per_call_us(ways[way], calls, torch.device("cuda")))
+                per_round[way].append(statistics.median(per_call_us(ways[way], 1, device) for _ in range(calls))
+                                      if synchronize else per_call_us(ways[way], calls, device))
     median = {way: statistics.median(v) for way, v in per_round.items()}
-    return {"model": name, "size": size, "calls": calls, "rounds": rounds,
+    return {"model": name, "size": size, "calls": calls, "rounds": rounds, "synchronized": synchronize,
             "median_us_per_call": median, "over_bare_us": {w: median[w] - median["bare"] for w in median},
             "us_per_call_by_round": per_round, "env": dataclasses.asdict(environment.current())}
 
 
-def bench_args(doc: str, name: str, calls: int, rounds: int) -> argparse.Namespace:
-    """A host-cost benchmark's command line (--out, --calls, --rounds); exits with one line without CUDA."""
+def bench_args(doc: str, name: str, calls: int, rounds: int, **flags: dict) -> argparse.Namespace:
+    """A host-cost benchmark's command line (--out, --calls, --rounds and `flags`: flag -> add_argument's
+    keywords); exits with one line without CUDA."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", default=f"results/{name}")
     parser.add_argument("--calls", type=int, default=calls)
     parser.add_argument("--rounds", type=int, default=rounds)
+    for flag, kwargs in flags.items():
+        parser.add_argument(flag, **kwargs)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit(f"error: {name} needs a CUDA GPU")
@@ -114,8 +154,12 @@ def append_records(out: str, name: str, records: list[dict], key: str) -> Path:
 
 
 def main() -> None:
-    args = bench_args(__doc__, "replay_overhead", calls=300, rounds=7)
-    append_records(args.out, "replay.jsonl", [measure(name, size, args.calls, args.rounds) for name, size in MODELS], "model")
+    args = bench_args(__doc__, "replay_overhead", calls=300, rounds=7,
+                      **{"--synchronize": {"action": "store_true", "help": "time each call synchronized (latency)"},
+                         "--models": {"nargs": "*", "help": "of those this script knows (default: all)"}})
+    models = [(n, s) for n, s in MODELS if not args.models or n in args.models]
+    append_records(args.out, "replay.jsonl", [measure(name, size, args.calls, args.rounds, args.synchronize)
+                                              for name, size in models], "model")
 
 
 if __name__ == "__main__":
