@@ -121,7 +121,7 @@ def per_workload(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg",
 
 def geomeans(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> pd.DataFrame:
     """Per variant, over the paper's workloads it has: how many, the geomean speedup over the baseline,
-    and those slower than the baseline; and the benefit ratio (speedup - 1) of the last variant over the
+    and those slower than the baseline, the geomean time over the floor over those with one; and the benefit ratio (speedup - 1) of the last variant over the
     first over the workloads with both (the paper reports more than 2)."""
     _, used, paper = _paper_speedups(records, variants)
     rows = {}
@@ -130,7 +130,8 @@ def geomeans(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gr
         over = used[(used["variant"] == v) & used["paper"]]["over_floor"].dropna()
         rows[v] = {"workloads": len(got), "geomean speedup": stats.geomean(got.tolist()) if len(got) else None,
                    f"slower than {BASELINE}": ", ".join(got[got < 1].index),
-                   **({"geomean time / floor": stats.geomean(over.tolist())} if len(over) else {})}
+                   **({"with a floor": len(over), "geomean time / floor": stats.geomean(over.tolist())}
+                      if len(over) else {})}
     table = pd.DataFrame(rows).T
     both = paper[[variants[0], variants[-1]]].dropna() if set(variants) <= set(paper) else pd.DataFrame()
     table["benefit ratio"] = None

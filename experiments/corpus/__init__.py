@@ -139,7 +139,7 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
             r["grace"] = {k: v2 for k, v2 in grace.explain_call(
                 lambda p=program: p.step(*p.inputs(calls - 1)), start).summary().items()
                 if k in ("options", "graphs", "partitions", "captured", "replays_per_call", "not_captured",
-                          "without_graph", "fallbacks", "cgct")}
+                          "without_graph", "fallbacks", "cgct", "lean_graphs", "call_paths")}
     _time(built, records, device, calls - 1, rounds, iters)
     return list(records.values())
 
