@@ -229,8 +229,10 @@ def _host_parts(host) -> dict[str, float]:
 
 
 def host_gap(records: Sequence[Record], variant: str = "grace", above: float = 1.2) -> pd.DataFrame:
-    """Per paper workload whose `variant` takes more than `above` times its GPU time: the gap in ms, the
-    kernels launched outside graphs, where the host's time per iteration goes by part of the stack
+    """Per paper workload whose `variant` takes more than `above` times its GPU time: the gap in ms, its
+    time over the floor where measured, the kernels launched outside graphs, GraCE's graph replays,
+    partition calls without a graph, graphs called on the lean path and bytes copied per iteration (from
+    its explain summary), where the host's time per iteration goes by part of the stack
     (experiments/host_profile.py; cProfile inflates each part, so they compare with one another) and the
     largest part that is host work; the largest gap first."""
     rows = []
@@ -244,9 +246,12 @@ def host_gap(records: Sequence[Record], variant: str = "grace", above: float = 1
         # profiles from before host_profile grouped by package have no graph-launch part: there,
         # "torch, other" holds the models' libraries too (the H200's venv lies in /opt/torch/)
         grouping = "by package" if "CUDA graph launch" in parts else "by path" if parts else ""
+        g = r.grace or {}  # what GraCE's runtime did per iteration
         rows.append({"workload": paper, "time / GPU time": r.median_ms / k.gpu_kernel_ms,
-                     "gap ms": r.median_ms - k.gpu_kernel_ms,
+                     "time / floor": r.over_floor, "gap ms": r.median_ms - k.gpu_kernel_ms,
                      "kernels outside graphs": (k.kernels or 0) * (1 - (k.kernels_in_graphs_share or 0)),
+                     "graph replays": g.get("replays_per_call"), "partition calls without graph": g.get("calls_without_graph"),
+                     "graphs called lean": g.get("lean_graphs"), "bytes copied": g.get("bytes_copied_per_call"),
                      **{f"{p} us": us for p, us in sorted(parts.items())},
                      "largest host part": max(work, key=work.get) if work else "not profiled",
                      "profile grouped": grouping,
@@ -267,7 +272,8 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
              (f"Where {variants[-1]}'s time goes beyond the GPU's (workloads over 1.2x their GPU time; host "
               "parts in us per iteration, under cProfile, which inflates each)",
               _markdown(gap := host_gap(records, variants[-1]),
-                        tuple(".3g" if c in ("time / GPU time", "gap ms") else ".0f" for c in gap.columns))),
+                        tuple(".3g" if c in ("time / GPU time", "time / floor", "gap ms") else ".0f"
+                              for c in gap.columns))),
              ("The records", _markdown(caveats(records, variants), "")),
              ("Environment", environment(records).reset_index().to_markdown(index=False))]
     return "\n".join(f"\n### {title}\n\n{table}\n" for title, table in parts)
@@ -403,6 +409,8 @@ def corpus(records: Sequence[dict], stock: Sequence[str] = ("inductor", "pt2_cg"
             row["grace: kernels in graphs"] = f"{g.get('kernels_in_graphs')} of {g.get('kernels')}"
             row["grace: why not in a graph"] = _reasons(
                 summary.get("not_captured", []) + summary.get("without_graph", []) + summary.get("fallbacks", []))
+            if g.get("device_us") and ok[best].get("device_us"):  # a gap on the GPU, or on the host
+                row["grace: GPU time / best stock's"] = g["device_us"] / ok[best]["device_us"]
             row["grace: measured at"] = ((g.get("env") or {}).get("git_commit") or "")[:7]
         rows.append(row)
     vs = pd.DataFrame(rows).set_index("program") if rows else pd.DataFrame()

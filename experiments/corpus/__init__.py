@@ -31,6 +31,7 @@ from experiments import environment
 from experiments.corpus import hf, zoo
 from experiments.corpus.hazards import HAZARDS, Program
 from experiments.instrument import pytree
+from grace import scg
 from grace.profile import count, trace
 
 VARIANTS: dict[str, dict | None] = {  # torch.compile's arguments; None: eager
@@ -136,10 +137,12 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
             continue
         built[v] = program
         if VARIANTS[v] is not None and VARIANTS[v]["backend"] == "grace":
-            r["grace"] = {k: v2 for k, v2 in grace.explain_call(
-                lambda p=program: p.step(*p.inputs(calls - 1)), start).summary().items()
-                if k in ("options", "graphs", "partitions", "captured", "replays_per_call", "not_captured",
-                          "without_graph", "fallbacks", "cgct", "lean_graphs", "call_paths")}
+            summary = grace.explain_call(lambda p=program: p.step(*p.inputs(calls - 1)), start).summary()
+            r["grace"] = {k: v2 for k, v2 in summary.items()
+                          if k in ("options", "graphs", "partitions", "captured", "replays_per_call", "not_captured",
+                                   "without_graph", "fallbacks", "cgct", "lean_graphs", "call_paths")}
+            if summary["scg"]:  # SCG's choices, counted (the decisions' numbers stay out of the records)
+                r["grace"]["scg"] = {c: n for c, n in summary["scg"].items() if c in scg.CANDIDATES}
     _time(built, records, device, calls - 1, rounds, iters)
     return list(records.values())
 
@@ -176,6 +179,7 @@ def _time(built: dict[str, Program], records: dict[str, dict], device: torch.dev
         if device.type == "cuda":
             k = count(trace(lambda p=p: p.step(*p.inputs(call))))
             records[v]["kernels"], records[v]["kernels_in_graphs"] = k.kernels, k.in_graphs
+            records[v]["device_us"] = k.device_us  # GPU time of one call: a gap in host time or in GPU time
 
 
 def select(only: Sequence[str] = (), variants: Sequence[str] = tuple(VARIANTS)) -> list[str]:

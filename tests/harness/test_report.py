@@ -214,6 +214,7 @@ def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
     records[2].update(kernels=10, kernels_in_graphs=4)
     records[2]["grace"]["not_captured"] = ["SCG: faster without a graph"]
     records[2]["env"] = {"git_commit": "bc256dc84f9d"}
+    records[1]["device_us"], records[2]["device_us"] = 4.0, 5.0  # a's gap is on the GPU in part
     rates, vs = report.corpus(records)  # the newest counts
     assert rates.loc["pt2_cg", "crash"] == 1 and rates.loc["grace", "ok"] == 3 and rates.loc["grace", "programs"] == 3
     assert rates.loc["grace (cgct)", "programs"] == 2
@@ -223,6 +224,7 @@ def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
     assert vs.loc["a", "grace: kernels in graphs"] == "4 of 10"
     assert vs.loc["a", "grace: why not in a graph"] == "SCG: faster without a graph"
     assert vs.loc["a", "grace: measured at"] == "bc256dc" and vs.loc["b", "grace: measured at"] == ""
+    assert vs.loc["a", "grace: GPU time / best stock's"] == 1.25 and pd.isna(vs.loc["b", "grace: GPU time / best stock's"])
     text = report.corpus_markdown(records)
     assert "grace 0.986 (slower beyond noise on 1 of 3 programs, faster on 1)" in text
 
@@ -239,6 +241,7 @@ def test_host_gap_takes_apart_what_a_workload_spends_beyond_its_gpu_time():
             "calls": 0.1, "us": 100.0}
     alnet = dataclasses.replace(rec("alexnet", "grace", 1.0, share=0.6), batch=2)  # GPU time 0.1 ms
     alnet.host = HostStats(10, {"torch, other": 120.0, "grace": 30.0, "CUDA graph launch": 5.0}, [sync])
+    alnet.grace, alnet.over_floor = {"replays_per_call": 3, "calls_without_graph": 1, "lean_graphs": 2}, 1.4
     tke = dataclasses.replace(rec("tke", "grace", 2.0), batch=1_048_576)
     tke.host = HostStats(10, {"torch, other": 50.0, "grace": 10.0})  # grouped by path, before the fix
     near = dataclasses.replace(rec("eos_chain", "grace", 0.11), batch=1_048_576)  # 1.1x its GPU time
@@ -250,3 +253,5 @@ def test_host_gap_takes_apart_what_a_workload_spends_beyond_its_gpu_time():
     assert a["waiting on the GPU us"] == 100 and a["torch, other us"] == 20 and a["largest host part"] == "grace"
     assert a["profile grouped"] == "by package" and table.loc["TKE", "profile grouped"] == "by path"
     assert table.loc["TKE", "largest host part"] == "torch, other"
+    assert (a["graph replays"], a["partition calls without graph"], a["graphs called lean"], a["time / floor"]) == (3, 1, 2, 1.4)
+    assert pd.isna(table.loc["TKE", "time / floor"])
