@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments and grace
 
-import grace  # noqa: F401  (backend="grace")
+import grace  # noqa: E402  (backend="grace", and its reports)
 from grace import runtime  # noqa: E402
 from grace.calibrate import per_call_us  # noqa: E402
 from grace.torch_adapter import Partition  # noqa: E402
@@ -106,12 +106,17 @@ def measure(name: str, size: str, calls: int, rounds: int, synchronize: bool) ->
         ways = {"bare": bare_replay(compiled, inputs), "partition": lambda: part(list(inputs))}
         if synchronize:
             ways["sync"] = lambda: None
+        chosen = {}  # per grace way: each graph's call path and its partitions' SCG choices
         for way, kwargs in {**{w: {"backend": "grace", "options": o} for w, o in OPTIONS.items()},
                             "pt2_cg": {"mode": "reduce-overhead"}, "inductor": {}}.items():
             torch.compiler.reset()
+            start = len(grace.REPORTS)
             ways[way] = in_turn(torch.compile(model, **kwargs), input_sets)
             for _ in range(5):
                 ways[way]()
+            if way in OPTIONS:
+                chosen[way] = [{"call_path": g.call_path, "scg": [s.scg["choice"] for s in g.partitions if s.scg]}
+                               for g in grace.REPORTS[start:]]
         per_round = {way: [] for way in ways}
         for r in range(rounds):
             order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]
@@ -121,7 +126,7 @@ def measure(name: str, size: str, calls: int, rounds: int, synchronize: bool) ->
     median = {way: statistics.median(v) for way, v in per_round.items()}
     return {"model": name, "size": size, "calls": calls, "rounds": rounds, "synchronized": synchronize,
             "median_us_per_call": median, "over_bare_us": {w: median[w] - median["bare"] for w in median},
-            "us_per_call_by_round": per_round, "env": dataclasses.asdict(environment.current())}
+            "us_per_call_by_round": per_round, "grace": chosen, "env": dataclasses.asdict(environment.current())}
 
 
 def bench_args(doc: str, name: str, calls: int, rounds: int, **flags: dict) -> argparse.Namespace:
