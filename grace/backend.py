@@ -83,17 +83,14 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, candidates: list,
         made.append(runtime.PartitionGraph(fn, p, stats, scg=report.options.scg, pi=report.options.pi, group=group))
         return made[-1]
 
-    for p in parts:
-        stats = runtime.Stats(report.graph, backward, p.index)
-        report.partitions.append(stats)
-    adapter.wrap_partitions(compiled, [functools.partial(wrapper, p=p, stats=s)
-                                       for p, s in zip(parts, report.partitions[-len(parts):])])
+    stats = [runtime.Stats(report.graph, backward, p.index) for p in parts]
+    report.partitions += stats
+    adapter.wrap_partitions(compiled, [functools.partial(wrapper, p=p, stats=s) for p, s in zip(parts, stats)])
     why_not = "training: AOTAutograd's autograd function runs it" if not kwargs.get("is_inference") else \
         adapter.beyond_one_partition(compiled)
     if why_not is None:
-        (p,) = parts
-        check = {i for i, g in enumerate(adapter.partition_input_map(compiled)) if g in set(compiled.inputs_to_check)}
-        candidates.append(lean.Candidate(made[0], adapter.graph_outputs(gm), frozenset(check), p.mutated))
+        candidates.append(lean.Candidate(made[0], adapter.graph_outputs(gm), adapter.realigned_inputs(compiled),
+                                         parts[0].mutated))
     elif not backward:
         report.call_path = f"as compiled: {why_not}"
     return compiled

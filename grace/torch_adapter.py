@@ -107,9 +107,11 @@ def beyond_one_partition(compiled) -> str | None:
     return None
 
 
-def partition_input_map(compiled) -> list[int | None]:
-    """The graph input of each input of the compiled graph's first partition (None: made in the graph)."""
-    return list(compiled.partition_maps[0].input_index_mapping)
+def realigned_inputs(compiled) -> frozenset[int]:
+    """The inputs of the compiled graph's first partition that Inductor copies to an aligned address
+    when they come misaligned (its inputs_to_check, as partition inputs)."""
+    checked = set(compiled.inputs_to_check)
+    return frozenset(i for i, g in enumerate(compiled.partition_maps[0].input_index_mapping) if g in checked)
 
 
 def graph_outputs(gm: torch.fx.GraphModule) -> int:
