@@ -241,12 +241,13 @@ class RecordStore:
     def latest(self) -> dict[Selection, Record]:
         return latest(self.load())
 
-    def final_keys(self, revised: Mapping[str, str] | None = None, alone: bool = False) -> set[Selection]:
+    def final_keys(self, revised: Mapping[str, str] | None = None, alone: bool = False,
+                   code: str | None = None) -> set[Selection]:
         """Keys a rerun leaves alone: measured (ok, mismatch) or skipped (the machine lacks what the variant
         needs: the records are per device); of a workload in `revised` (name -> date of its revision), and
         at tp > 1, only those recorded since valid_since; with `alone`, only measurements set up with the
-        GPU to themselves (Record.set_up_alone)."""
+        GPU to themselves (Record.set_up_alone); with `code`, only those that code made (Environment.code)."""
         revised = revised or {}
         return {k for k, r in self.latest().items()
                 if (r.status == "skipped" or r.status in FINAL_STATUSES and (r.set_up_alone or not alone))
-                and r.env.get("date", "") >= valid_since(r, revised)}
+                and r.env.get("date", "") >= valid_since(r, revised) and (code is None or r.env.get("code") == code)}

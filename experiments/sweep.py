@@ -133,7 +133,8 @@ class Sweep:
 
     def run(self) -> Path:
         revised = workloads.revisions(e.name for e in self.entries)  # records before these measured another program
-        done = set() if self.cfg.force else self.store.final_keys(revised=revised, alone=not self.measure.parallel_setup)
+        done = set() if self.cfg.force else self.store.final_keys(revised=revised, alone=not self.measure.parallel_setup,
+                                                                  code=self.env.code)
         newest = self.store.latest()
         for entry in tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload"):
             for run in range(self.cfg.runs):

@@ -17,6 +17,8 @@ def test_the_code_hash_follows_the_code_and_not_the_records(tmp_path, monkeypatc
     (tmp_path / "conf" / "variant.yaml").write_text("pi: false\n")  # a variant that means another thing
     assert environment.code_hash() != before
     (tmp_path / "conf" / "variant.yaml").write_text("pi: true\n")
+    (tmp_path / "experiments" / "figures.py").write_text("a figure's fix\n")  # reads records: the same code
+    assert environment.code_hash() == before
     (tmp_path / "grace" / "runtime.py").rename(tmp_path / "grace" / "recording.py")  # the same bytes, moved
     assert environment.code_hash() != before
 

@@ -127,3 +127,11 @@ def test_session_baselines_are_each_sessions_newest_record_of_the_baseline_but_a
     assert session_baselines([first, make("grace"), failed, later, stopped], "inductor") == {
         first.key.in_session("s"): failed, first.key.in_session("s2"): later}
     assert first.key.in_session("s") == make("grace").key.in_session("s") != first.key.in_session("s2")
+
+
+def test_records_of_other_code_are_not_final_when_the_code_is_asked(tmp_path):
+    store = RecordStore(tmp_path / "r.jsonl")
+    store.append(make("a", env={"code": "old"}))
+    store.append(make("b", env={"code": "new"}))
+    assert {k.variant for k in store.final_keys(code="new")} == {"b"}
+    assert {k.variant for k in store.final_keys()} == {"a", "b"}
