@@ -1,0 +1,72 @@
+"""Where grace is slower than stock on a corpus program: per variant (inductor, pt2_cg, grace), the
+latency of a synchronized call in blocks of 10, grace.explain, and a profile of 5 calls (cProfile for
+grace; torch.profiler's host ops by self time, and the GPU time per call, for each).
+
+    python scripts/corpus_profile.py torch_cond cpu_tensor_input torchvision/raft_small
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments and grace
+
+import grace  # noqa: E402
+from experiments.corpus import PROGRAMS, VARIANTS, _compiler  # noqa: E402
+
+
+def median_us(step, args, n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step(*args)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return round(statistics.median(times), 1)
+
+
+def main(names: list[str]) -> None:
+    device = torch.device("cuda")
+    for name in names:
+        for v in ["inductor", "pt2_cg", "grace"]:
+            torch.compiler.reset()
+            grace.reset()
+            start = len(grace.REPORTS)
+            torch.manual_seed(0)
+            with torch._dynamo.config.patch(recompile_limit=64):
+                t0 = time.time()
+                p = PROGRAMS[name](device, _compiler(VARIANTS[v]))
+                for i in range(4):  # as the corpus calls it before timing
+                    p.step(*p.inputs(i))
+                args = p.inputs(3)
+                torch.cuda.synchronize()
+                print(f"== {name} {v}: set up {time.time() - t0:.0f} s; median us per block of 10 calls:",
+                      [median_us(p.step, args, 10) for _ in range(8)], flush=True)
+                if v == "grace":
+                    print(grace.explain_call(lambda: p.step(*args), start), flush=True)
+                    pr = cProfile.Profile()
+                    pr.enable()
+                    for _ in range(5):
+                        p.step(*args)
+                        torch.cuda.synchronize()
+                    pr.disable()
+                    pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        p.step(*args)
+                        torch.cuda.synchronize()
+                events = prof.key_averages()
+                print(events.table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=50), flush=True)
+                print("GPU us per call:", round(sum(e.self_device_time_total for e in events) / 5, 1), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
