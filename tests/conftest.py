@@ -1,7 +1,17 @@
+import os
 from pathlib import Path
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # xdist runs a worker per core; each computing on every core, they starved each other's threads:
+    # one thread each, and in the processes they start
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 from hydra import compose, initialize_config_dir
 
 from experiments import config  # noqa: F401  (registers the config schema)
