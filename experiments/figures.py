@@ -217,7 +217,8 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
         statuses = set(df.loc[df["variant"] == v, "status"])
         if pd.isna(table.iloc[-1][v]) and len(statuses) == 1 and statuses != {"ok"}:
             absent.loc[table.index[-1], v] = statuses.pop()
-    fig = _bars(table[list(variants)], f"{title} ({_devices(df)})", f"speedup over {LABELS[BASELINE]}",
+    fig = _bars(table[list(variants)], f"{title} ({_measured(df, [BASELINE, *variants], table.index)})",
+                f"speedup over {LABELS[BASELINE]}",
                 table[overlay] if overlay else None, errors=intervals(df, table[list(variants)]), absent=absent,
                 footnote=footnote)
     return _save(fig, table, out, name)
@@ -233,7 +234,8 @@ def floor_figure(records: Iterable[Record], out: Path, variants: Sequence[str] =
         return None
     table = with_geomean(table.dropna(how="all"))
     errors = tuple(_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("floor_lo", "floor_hi"))
-    fig = _bars(table, f"Time over the floor ({_devices(df)})", "time / floor (the step as one CUDA graph)",
+    fig = _bars(table, f"Time over the floor ({_measured(df, [*variants, 'floor'], table.index)})",
+                "time / floor (the step as one CUDA graph)",
                 errors=errors)
     return _save(fig, table, out, name)
 
@@ -241,6 +243,15 @@ def floor_figure(records: Iterable[Record], out: Path, variants: Sequence[str] =
 def _devices(df: pd.DataFrame) -> str:
     """The machines the records were measured on: the GPU's name, or 'CPU, no CUDA'."""
     return ", ".join(sorted({g if isinstance(g, str) else "CPU, no CUDA" for g in df["gpu"]})) or "no records"
+
+
+def _measured(df: pd.DataFrame, variants: Sequence[str], labels: Sequence[str]) -> str:
+    """Where and at which code the drawn bars were measured: the machines, and the commit of the ok records
+    of `variants` at `labels`, or how many commits they mix (a reader must not take them for one)."""
+    drawn = df["variant"].isin(variants) & df["label"].isin(labels) & (df["status"] == "ok")
+    commits = sorted(set(df.loc[drawn, "git_commit"].dropna()))
+    at = f"at {commits[0]}" if len(commits) == 1 else f"records of {len(commits)} commits" if commits else ""
+    return ", ".join(filter(None, [_devices(df), at]))
 
 
 def _absent(df: pd.DataFrame, variants: list[str]) -> tuple[pd.DataFrame, str]:

@@ -197,3 +197,14 @@ def test_the_floor_figure_draws_each_variants_time_over_the_floor_with_its_inter
     assert path.is_file() and table.loc["a eval b1", "inductor"] == 8 and table.loc["b eval b1", "grace"] == 2
     assert math.isnan(table.loc["c eval b1", "grace"])  # failed
     assert math.isclose(table.loc["geomean (n=2)", "pt2_cg"], math.sqrt(4 * 6))
+
+
+def test_a_figures_title_names_the_commit_of_its_bars_or_how_many_they_mix():
+    def at(commit):
+        return lambda r: dataclasses.replace(r, env={**r.env, "git_commit": commit})
+
+    one = figures.frame(map(at("5850e9b"), RECORDS))
+    assert figures._measured(one, ["inductor", "grace"], one["label"]) == "NVIDIA H200, at 5850e9b"
+    mixed = figures.frame([at("b73d38e")(r) if r.workload == "a" else at("5850e9b")(r) for r in RECORDS])
+    assert figures._measured(mixed, ["inductor", "grace"], mixed["label"]) == "NVIDIA H200, records of 2 commits"
+    assert figures._measured(mixed, ["inductor", "grace"], ["b eval b1"]) == "NVIDIA H200, at 5850e9b"  # drawn only
