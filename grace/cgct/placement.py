@@ -30,13 +30,25 @@ def mutates(node: fx.Node) -> bool:
     return name.endswith("_") and not name.endswith("__")
 
 
+def _splits(node: fx.Node, v) -> bool:
+    """Whether `node` is CPU work that returns several CPU tensors (a tuple or list of them)."""
+    return (node.op == "call_function" and isinstance(v, (tuple, list)) and bool(v) and bool(node.users)
+            and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in v)
+            and "device" not in node.kwargs and not mutates(node))
+
+
 def feeds_only(node: fx.Node, device: torch.device) -> bool:
     """True if every use of `node`'s CPU tensor ends in GPU work: each user either already computes on
     `device` (it mixes the CPU value with GPU tensors), or is itself CPU tensor work whose every use
-    does. Nothing reaches the graph's outputs or leaves tensors (.item(), .tolist(), a Python branch),
-    and nothing writes into it (a moved copy would take the write instead of the caller's tensor)."""
+    does (an op that returns several tensors, as torch.meshgrid does, through each of them). Nothing
+    reaches the graph's outputs or leaves tensors (.item(), .tolist(), a Python branch), and nothing
+    writes into it (a moved copy would take the write instead of the caller's tensor)."""
     for user in node.users:
         v = value(user)
+        if _splits(user, v):  # torch.meshgrid, unbind, split: each part taken by getitem must feed GPU work
+            if all(part.target is operator.getitem and feeds_only(part, device) for part in user.users):
+                continue
+            return False
         if user.op == "output" or not isinstance(v, torch.Tensor) or mutates(user):
             return False
         if v.device == device:

@@ -121,3 +121,46 @@ def test_fake_propagation_follows_symbolic_sizes_through_composite_ops():
     out = torch.compile(paste, backend=backend, dynamic=True)(torch.randn(30, 30), torch.randn(5, 4))
     assert out.shape == (1, 1, 5, 1) and len(shapes) == 1
     assert not isinstance(shapes[0][2], int)  # the size stays symbolic: max(s, 2)
+
+
+def _grid_graph() -> fx.GraphModule:
+    """What Dynamo hands the backend for RAFT's correlation lookup (torchvision): a grid of offsets made
+    on the CPU through torch.meshgrid, whose parts Dynamo takes apart with getitem:
+
+        def step(x):                       # x on the GPU
+            d = torch.linspace(-1, 1, 3)
+            grid = torch.stack(torch.meshgrid(d, d, indexing="ij"), dim=-1).to(x.device)
+            return x + grid.sum()
+    """
+    g = fx.Graph()
+    x = g.placeholder("x")
+    d = g.call_function(torch.linspace, (-1, 1, 3))
+    grid = g.call_function(torch.meshgrid, (d, d), {"indexing": "ij"})
+    parts = [g.call_function(operator.getitem, (grid, i)) for i in range(2)]
+    stacked = g.call_function(torch.stack, (parts,), {"dim": -1})
+    moved = g.call_method("to", (stacked, GPU))
+    g.output((g.call_function(operator.add, (x, g.call_method("sum", (moved,)))),))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def test_cgct_moves_a_factory_whose_tensor_is_split_before_it_feeds_gpu_work():
+    gm = _grid_graph()
+    notes = cgct.apply(gm, [_fake_gpu(4)])
+    assert notes == ["cpu_factories: 1 CPU tensor factories now create on cuda:0"], notes
+    assert all(n.meta["val"].device == GPU for n in gm.graph.nodes
+               if n.op == "call_function" and isinstance(n.meta["val"], torch.Tensor))
+    x = torch.randn(4)
+    torch.testing.assert_close(_retarget(gm, torch.device("cpu"))(x), _retarget(_grid_graph(), torch.device("cpu"))(x))
+
+
+def test_cgct_leaves_a_split_tensor_when_one_part_leaves_the_gpu_work():
+    gm = _grid_graph()
+    grid = next(n for n in gm.graph.nodes if n.target is torch.meshgrid)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(out):
+        part = gm.graph.call_function(operator.getitem, (grid, 0))
+    out.args = ((out.args[0][0], part),)  # one part of the CPU grid is an output: it must stay on the CPU
+    gm.recompile()
+    before = gm.code
+    assert cgct.apply(gm, [_fake_gpu(4)]) == []
+    assert gm.code == before
