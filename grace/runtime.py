@@ -170,6 +170,8 @@ class PartitionGraph:
         except Exception as e:  # capture failed (a synchronising op, say): never the user's problem
             return f"capture failed: {_error(e)}"
         s = self.stats
+        if s.status == Status.WARM_UP:
+            s.reason = None  # the warm-up's: it is over
         s.status, s.recordings = Status.CAPTURED, s.recordings + 1
         s.recorded_for[why] = s.recorded_for.get(why, 0) + 1
         s.nodes = recording.nodes
@@ -257,6 +259,9 @@ class PartitionGraph:
         key = tuple(args[i] for i in self.scalars) if self.scalars else ()
         if key not in self.warmed:  # a first call at these sizes runs as compiled: lazy init, autotuning
             self.warmed.add(key)
+            if self.stats.status == Status.WARM_UP and len(self.warmed) > 1:  # sizes that change every call
+                self.stats.reason = (f"warm-up: called at {len(self.warmed)} sets of sizes, none twice yet "
+                                     f"(the latest: {key!r:.100})")
             return self._eager(args)
         recordings = self.recordings.get(key)
         if recordings is None:

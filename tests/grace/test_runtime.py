@@ -425,3 +425,14 @@ def test_runtime_keeps_one_recording_per_symbolic_size(cpu_graphs):
         torch.testing.assert_close(y, x[:n] * 2)
         del y
     assert stats.recordings == 3 and stats.replays == 4 and stats.eager_calls == 2 and stats.status == "captured"
+
+
+def test_a_partition_whose_sizes_change_every_call_says_so_in_warm_up(cpu_graphs):
+    part, stats = _part(_first_n_doubled)
+    x = torch.randn(8)
+    for n in (1, 2, 3):
+        part([n, x])
+    assert stats.status == "warm-up"
+    assert stats.reason == "warm-up: called at 3 sets of sizes, none twice yet (the latest: (3,))"
+    part([3, x])  # the second call at these sizes records: the warm-up's reason goes
+    assert stats.status == "captured" and stats.reason is None
