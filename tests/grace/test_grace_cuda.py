@@ -164,6 +164,26 @@ def test_cgct_moves_a_cpu_schedule_to_the_gpu_and_the_graph_captures_whole():
         torch.testing.assert_close(compiled(x, 3), model(x, 3))
 
 
+def grid_offsets(x):
+    """RAFT's correlation lookup (torchvision): a grid of offsets built on the CPU through
+    torch.meshgrid, then copied to the GPU."""
+    d = torch.linspace(-1, 1, 3)
+    grid = torch.stack(torch.meshgrid(d, d, indexing="ij"), dim=-1).to(x.device)
+    return x.unsqueeze(-2) + grid.view(-1, 2)
+
+
+@torch.no_grad()
+def test_cgct_moves_a_grid_built_through_meshgrid_and_the_graph_captures_whole():
+    x = torch.randn(8, 2, device="cuda")
+    e = grace.explain(grid_offsets, x, options=RUNTIME)
+    s = e.summary()
+    assert any(n.startswith("cpu_factories: 1 CPU tensor factories") for n in s["cgct"]), s["cgct"]
+    assert s["partitions"] == 1 and s["captured"] == 1 and s["kernels_outside_graphs"] == 0, str(e)
+    compiled = torch.compile(grid_offsets, backend="grace", options=RUNTIME)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), grid_offsets(x))
+
+
 @torch.no_grad()
 def test_the_default_is_all_three_and_runs_the_cpu_schedule_right():
     torch.compiler.reset()
