@@ -77,9 +77,9 @@ def main(cfg: DictConfig) -> None:
     from experiments import figures, gpus  # heavy (torch, pandas): after the config is known to be good
     from experiments.sweep import ConfigError, Sweep
 
-    with gpus.one_of(cfg.gpus):
+    with gpus.one_of(cfg.gpus) as gpu:
         try:
-            sweep = Sweep(cfg)
+            sweep = Sweep(cfg, gpu)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)

@@ -42,7 +42,8 @@ class Spec:
     tolerance_multiplier: float  # numerics: rel_err allowed as a multiple of eager's
     tp: int = 1  # tensor-parallel degree (experiments/tp_bench.py runs the ranks)
     compile_optimizer: bool = False  # train: compile the optimizer's step too, with the variant's settings
-    timing_cpus: tuple[int, ...] = ()  # cores every variant's timed rounds run on (one at a time): none, the OS's choice
+    timing_cpus: tuple[int, ...] = ()  # cores every variant's timed rounds run on (one at a time), a group per
+                                       # TP rank: none, the OS's choice
     cold_caches: bool = True  # compile with empty, private Inductor and Triton caches (experiments/worker.py)
 
 
@@ -282,7 +283,8 @@ class Bench:
         """One untimed step first: a process that sat idle while others ran pays for cold caches on its
         next call."""
         if self.spec.timing_cpus:  # every variant's rounds on the same cores: no worker gets a faster core or node
-            os.sched_setaffinity(0, self.spec.timing_cpus)
+            k = len(self.spec.timing_cpus) // self.spec.tp
+            os.sched_setaffinity(0, self.spec.timing_cpus[self.rank * k:(self.rank + 1) * k])
         step = self._timed or self._step
         step()
         times = [t + self._added_ms for t in time_iterations(step, iters, self.device)]

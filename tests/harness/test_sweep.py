@@ -135,6 +135,24 @@ def test_a_dying_variant_is_a_failed_record_and_the_others_go_on(make_cfg):
     assert recs["eager"].status == "ok"
 
 
+@pytest.mark.parametrize("requested,slot,ranks,cores", [
+    ([-2, -1], 0, 1, [14, 15]),
+    ([-2, -1], 1, 1, [12, 13]),  # the job holding GPU 1 times on the two cores before job 0's
+    ([-1], 1, 2, [13, 12]),  # job 1's ranks, after job 0's two
+    ([4, 5], 3, 2, [4, 5, 4, 5]),  # cores named: as named, by every rank
+])
+def test_timing_cores_count_from_the_last_core_one_group_per_job_and_rank(monkeypatch, requested, slot, ranks, cores):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert sweep_module.timing_cores(requested, slot, ranks) == cores
+
+
+def test_timing_cores_that_this_process_cannot_run_on_are_a_config_error(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    with pytest.raises(ConfigError, match="no core 5"):
+        sweep_module.timing_cores([5])
+    assert sweep_module.timing_cores([-2, -1], slot=1) == [0, 1]  # too few cores: shared, with a warning
+
+
 def test_unsupported_mode_is_a_config_error(make_cfg):
     with pytest.raises(ConfigError, match="no train mode"):
         Sweep(make_cfg("workload=[EOS]", "workload.EOS.mode=train"))
