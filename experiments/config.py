@@ -26,7 +26,7 @@ class Measure:
     timeout_s: float = 1800
     parallel_setup: bool = False
     cold_caches: bool = True
-    compile_optimizer: bool = False
+    compile_optimizer: bool = True
     timing_cpus: list[int] = field(default_factory=list)
     tolerance: Tolerance = field(default_factory=Tolerance)
 

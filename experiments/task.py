@@ -47,8 +47,19 @@ class Task:
             self.compute_dtype, self.input_dtype = workload.train_dtype, None  # train: autocast casts
             self.model = model.train()
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
+            self._make_optimizer_state()
         self.optimizer_step: Callable[[], object] | None = self.optimizer.step if self.optimizer else None
         self.input_sets = self._sets(inputs)  # step i takes set i mod len
+
+    def _make_optimizer_state(self) -> None:
+        """SGD's momentum buffers, made now by a step on zero gradients: it moves no weight, and the first
+        real step then computes what it would have. Made inside a compiled step instead, they would live
+        in a CUDA-graph pool that the next replay overwrites (stock pt2_cg then fails)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _sets(self, inputs: Any) -> list:
         """Inputs as built (one set, or a list with varying_inputs) as this task's steps take them: a list of
@@ -92,13 +103,15 @@ class Task:
 
     def _changeable(self) -> list[torch.Tensor]:
         """What steps may change: the inputs (a workload may mutate them, a KV cache say), and in train
-        mode the weights and buffers. Not an expanded input (BERT's token types, stride 0): torch refuses
+        mode the weights, buffers and the optimizer's state. Not an expanded input (BERT's token types, stride 0): torch refuses
         to write one in place, and so would rewind()."""
         inputs = [t for t in pytree.tree_leaves(self.input_sets)
                   if isinstance(t, torch.Tensor) and not has_internal_overlap(t)]
         if self.optimizer is None:
             return inputs
-        return inputs + list(self.model.parameters()) + list(self.model.buffers())
+        state = [t for p in self.model.parameters() for t in self.optimizer.state[p].values()
+                 if isinstance(t, torch.Tensor)]
+        return inputs + list(self.model.parameters()) + list(self.model.buffers()) + state
 
     def keep_initial(self) -> None:
         """Remember the state as it is now (on the host), for rewind()."""
@@ -112,13 +125,11 @@ class Task:
 
     def rewind(self) -> None:
         """Back to the state keep_initial() saw, in place (the same tensors, so that graphs captured on
-        them stay valid): inputs, weights and buffers, the optimizer without state (as built), and the
-        first input set next. The numerics check then compares one step with the reference's first."""
+        them stay valid): inputs, weights, buffers and the optimizer's state, and the first input set
+        next. The numerics check then compares one step with the reference's first."""
         with torch.no_grad():
             for live, saved in zip(self._changeable(), self.initial, strict=True):
                 live.copy_(saved)
-        if self.optimizer is not None:
-            self.optimizer.state.clear()
         self.calls = 0
 
     def observe(self, fn: Callable) -> dict[str, Any]:

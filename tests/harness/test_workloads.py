@@ -78,3 +78,17 @@ def test_every_workload_config_names_a_workload_and_a_supported_mode(path):
 def test_the_workloads_page_lists_every_workload():
     page = (CONF.parents[1] / "docs" / "workloads.md").read_text()
     assert [n for n in workloads.names() if f"| `{n}` |" not in page] == []
+
+
+def test_the_optimizers_state_made_up_front_changes_no_step():
+    """Task makes SGD's momentum buffers before the first step (a compiled step would make them in a
+    graph pool): its weights after two steps are bit for bit those of SGD making them in its first step."""
+    task, plain = (Task(workloads.get("mlp")("train", size="tiny"), seed=0) for _ in range(2))
+    assert all("momentum_buffer" in task.optimizer.state[p] for p in task.model.parameters())
+    plain.optimizer.state.clear()
+    for _ in range(2):
+        task.step(task.model)
+        plain.step(plain.model)
+    assert plain.optimizer.state  # made again, by its first step
+    for p, q in zip(plain.model.parameters(), task.model.parameters()):
+        assert torch.equal(p, q)
