@@ -28,6 +28,16 @@ from experiments.instrument import (collect_cudagraph_skip_reasons, cudagraph_sk
                                    forget_counters, pytree, shape_padding_choices)
 
 
+def _pin_threads(cores: list[int] | tuple[int, ...]) -> None:
+    """Every thread of this process onto `cores`, not only the caller: autograd runs a CUDA backward on a
+    thread of its own, made at the first backward, which would otherwise stay where the OS put it."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile, or not ours to move
+            pass
+
+
 @dataclass(frozen=True)
 class Spec:
     workload: str
@@ -284,7 +294,7 @@ class Bench:
         next call."""
         if self.spec.timing_cpus:  # every variant's rounds on the same cores: no worker gets a faster core or node
             k = len(self.spec.timing_cpus) // self.spec.tp
-            os.sched_setaffinity(0, self.spec.timing_cpus[self.rank * k:(self.rank + 1) * k])
+            _pin_threads(self.spec.timing_cpus[self.rank * k:(self.rank + 1) * k])
         step = self._timed or self._step
         step()
         times = [t + self._added_ms for t in time_iterations(step, iters, self.device)]

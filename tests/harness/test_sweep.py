@@ -153,6 +153,25 @@ def test_timing_cores_that_this_process_cannot_run_on_are_a_config_error(monkeyp
     assert sweep_module.timing_cores([-2, -1], slot=1) == [0, 1]  # too few cores: shared, with a warning
 
 
+def test_timed_rounds_pin_every_thread_of_the_worker_not_only_the_caller():
+    import threading
+
+    from experiments.bench import _pin_threads
+
+    every = sorted(os.sched_getaffinity(0))
+    started, done = threading.Event(), threading.Event()
+    other = threading.Thread(target=lambda: (started.set(), done.wait()))
+    other.start()
+    started.wait()
+    try:
+        _pin_threads(every[-1:])
+        assert os.sched_getaffinity(other.native_id) == {every[-1]} == os.sched_getaffinity(0)
+    finally:
+        done.set()
+        other.join()
+        _pin_threads(every)
+
+
 def test_unsupported_mode_is_a_config_error(make_cfg):
     with pytest.raises(ConfigError, match="no train mode"):
         Sweep(make_cfg("workload=[EOS]", "workload.EOS.mode=train"))
