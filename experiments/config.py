@@ -18,6 +18,8 @@ class Tolerance:
 @dataclass
 class Measure:
     rounds: int = 20
+    timing_s: float = 0
+    max_rounds: int = 200
     iters: int = 5
     warmup: int = 5
     profile_iters: int = 10

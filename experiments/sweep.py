@@ -6,8 +6,8 @@ they are set up one at a time, so that compile latencies do not overlap; each se
 against the reference. With `aa_control`, the baseline is set up twice (`<baseline>_aa`): the ratio of
 the two is the session's noise. With `floor` (on a GPU, one rank), a third time as the floor: its step
 captured whole into one CUDA graph and replayed, every variant's time over it in its record. Then
-`rounds` short rounds: in each, every variant runs `iters` timed iterations in turn, the order rotating,
-so that drift hits every variant alike. Then each is profiled, and one record per variant is appended,
+`rounds` short rounds (more, up to `max_rounds`, until they took `timing_s`): in each, every variant
+runs `iters` timed iterations in turn, the order rotating, so that drift hits every variant alike. Then each is profiled, and one record per variant is appended,
 with its speedup over the session's baseline and a 95 % interval from the rounds. A workload whose
 selected variants all have final records is passed over (unless forced), so a rerun resumes; one with
 any left is measured again whole. Running workloads side by side, on several GPUs or nodes, is Hydra's:
@@ -328,7 +328,9 @@ class Sweep:
         """Interleaved rounds; a worker that fails is recorded, closed and dropped from `workers`."""
         m = self.measure
         rounds: dict[str, list[Round]] = {name: [] for name in workers}
-        for r in range(m.rounds):
+        start, r = time.monotonic(), 0
+        # `rounds` at least; then more until they took `timing_s` (a fast workload's interval narrows for free)
+        while workers and (r < m.rounds or (r < m.max_rounds and time.monotonic() - start < m.timing_s)):
             names = list(workers)  # rotated each round: no variant always runs first
             for i in range(len(names)):
                 name = names[(r + i) % len(names)]
@@ -339,6 +341,7 @@ class Sweep:
                     del workers[name]
                     worker.close()
                     self._unmeasured(entry, run, v, "failed", str(e))
+            r += 1
         return rounds
 
     def _measured(self, entry: Entry, run: int, v: Variant, setup: Setup, rounds: list[Round],

@@ -116,6 +116,13 @@ def test_a_workload_revised_since_its_records_is_measured_again(make_cfg, monkey
     assert [r.workload for r in store.load()[2:]] == ["eos_chain"]
 
 
+@pytest.mark.parametrize("timing_s,rounds", [(0, 2), (60, 5)])
+def test_rounds_go_on_past_the_minimum_until_timing_s_up_to_max_rounds(make_cfg, timing_s, rounds):
+    sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
+                   "measure.rounds=2", f"measure.timing_s={timing_s}", "measure.max_rounds=5")
+    assert {len(r.iter_ms) for r in sweep.store.load()} == {rounds}
+
+
 def test_wrong_numbers_are_recorded_as_mismatch(make_cfg):
     sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager]",
                    "+variant.wrong.compile.backend=tests.helpers:offset_backend")
