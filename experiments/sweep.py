@@ -7,11 +7,11 @@ against the reference. With `aa_control`, the baseline is set up twice (`<baseli
 the two is the session's noise. With `floor` (on a GPU, one rank), a third time as the floor: its step
 captured whole into one CUDA graph and replayed, every variant's time over it in its record. Then
 `rounds` short rounds (more, up to `max_rounds`, until they took `timing_s`): in each, every variant
-runs `iters` timed iterations in turn, the order rotating, so that drift hits every variant alike. Then each is profiled, and one record per variant is appended,
-with its speedup over the session's baseline and a 95 % interval from the rounds. A workload whose
-selected variants all have final records is passed over (unless forced), so a rerun resumes; one with
-any left is measured again whole. Running workloads side by side, on several GPUs or nodes, is Hydra's:
-a multirun with a launcher (conf/hydra/launcher/).
+runs `iters` timed iterations in turn, the order rotating, so that drift hits every variant alike. Then
+each is profiled, and one record per variant is appended, with its speedup over the session's baseline
+and a 95 % interval from the rounds. A workload whose selected variants all have final records is passed
+over (unless forced), so a rerun resumes; one with any left is measured again whole. Running workloads
+side by side, on several GPUs or nodes, is Hydra's: a multirun with a launcher (conf/hydra/launcher/).
 """
 
 from __future__ import annotations

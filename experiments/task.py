@@ -103,13 +103,13 @@ class Task:
 
     def _changeable(self) -> list[torch.Tensor]:
         """What steps may change: the inputs (a workload may mutate them, a KV cache say), and in train
-        mode the weights, buffers and the optimizer's state. Not an expanded input (BERT's token types, stride 0): torch refuses
-        to write one in place, and so would rewind()."""
+        mode the weights, buffers and the optimizer's state. Not an expanded input (BERT's token types,
+        stride 0): torch refuses to write one in place, and so would rewind()."""
         inputs = [t for t in pytree.tree_leaves(self.input_sets)
                   if isinstance(t, torch.Tensor) and not has_internal_overlap(t)]
         if self.optimizer is None:
             return inputs
-        state = [t for p in self.model.parameters() for t in self.optimizer.state[p].values()
+        state = [t for p in self.model.parameters() for t in self.optimizer.state.get(p, {}).values()
                  if isinstance(t, torch.Tensor)]
         return inputs + list(self.model.parameters()) + list(self.model.buffers()) + state
 
