@@ -118,11 +118,37 @@ def speedups(df: pd.DataFrame, variants: Sequence[str]) -> pd.DataFrame:
     return table.reindex(sorted(df["label"].unique()))
 
 
+Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
+
+
+def worker_noise(df: pd.DataFrame) -> tuple[float, int]:
+    """The spread between two workers of identical code, beyond what the rounds show: the log-sd tau of
+    the A/A controls' offsets once their own rounds' spread is taken out (a moment estimate,
+    mean(log(aa)^2 - sd_rounds^2), at least 0), and how many A/A controls it is from. Each worker has an
+    offset of its own (two workers of the same code differ by several % on host-bound workloads, with the
+    same GPU time), which a bootstrap over one session's rounds cannot see."""
+    aa = df[(df["variant"] == f"{BASELINE}_aa") & (df["status"] == "ok")].dropna(subset=["speedup", "ci_lo", "ci_hi"])
+    if aa.empty:
+        return 0.0, 0
+    z = np.log(aa["speedup"].to_numpy(float))
+    sd = (np.log(aa["ci_hi"].to_numpy(float)) - np.log(aa["ci_lo"].to_numpy(float))) / (2 * Z95)
+    return float(np.sqrt(max(0.0, float(np.mean(z ** 2 - sd ** 2))))), len(aa)
+
+
+def widen(ratio, lo, hi, tau: float):
+    """The interval [lo, hi] of `ratio` with the workers' noise tau added in log space (each side's
+    half-width and Z95 * tau in quadrature); elementwise on arrays and Series."""
+    extra = (Z95 * tau) ** 2
+    return (np.exp(np.log(ratio) - np.sqrt(np.log(ratio / lo) ** 2 + extra)),
+            np.exp(np.log(ratio) + np.sqrt(np.log(hi / ratio) ** 2 + extra)))
+
+
 def intervals(df: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The 95 % intervals of `table`'s speedups (label x variant), from the records; NaN where a record
-    has none (measured before the intervals were)."""
+    """The 95 % intervals of `table`'s speedups (label x variant): the records' bootstrap over rounds,
+    widened by the workers' noise (worker_noise); NaN where a record has none (measured before the
+    intervals were)."""
     lo, hi = (_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("ci_lo", "ci_hi"))
-    return lo, hi
+    return widen(table, lo, hi, worker_noise(df)[0])
 
 
 def with_geomean(table: pd.DataFrame) -> pd.DataFrame:
@@ -220,7 +246,7 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
     fig = _bars(table[list(variants)], f"{title} ({_measured(df, [BASELINE, *variants], table.index)})",
                 f"speedup over {LABELS[BASELINE]}",
                 table[overlay] if overlay else None, errors=intervals(df, table[list(variants)]), absent=absent,
-                footnote=footnote)
+                footnote="\n".join(filter(None, [_noise_note(df), footnote])))
     return _save(fig, table, out, name)
 
 
@@ -233,11 +259,18 @@ def floor_figure(records: Iterable[Record], out: Path, variants: Sequence[str] =
     if table.isna().all().all():
         return None
     table = with_geomean(table.dropna(how="all"))
-    errors = tuple(_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("floor_lo", "floor_hi"))
+    lo, hi = (_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("floor_lo", "floor_hi"))
     fig = _bars(table, f"Time over the floor ({_measured(df, [*variants, 'floor'], table.index)})",
                 "time / floor (the step as one CUDA graph)",
-                errors=errors)
+                errors=widen(table, lo, hi, worker_noise(df)[0]), footnote=_noise_note(df))
     return _save(fig, table, out, name)
+
+
+def _noise_note(df: pd.DataFrame) -> str:
+    """What the error bars are."""
+    tau, n = worker_noise(df)
+    return (f"error bars: 95 % intervals, the rounds' bootstrap and the workers' noise ({100 * tau:.1f} %, "
+            f"from {n} A/A controls)" if n else "error bars: 95 % intervals, the rounds' bootstrap")
 
 
 def _devices(df: pd.DataFrame) -> str:

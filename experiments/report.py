@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import stats
-from experiments.figures import BASELINE, acronym, frame, json_lines, label, speedups
+from experiments.figures import BASELINE, acronym, frame, json_lines, label, speedups, widen, worker_noise
 from experiments.records import Record, latest, valid_since
 
 
@@ -286,22 +286,31 @@ def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace
     aa = f"{BASELINE}_aa"
     sessions = {r.session for r in records if r.variant == aa and r.status == "ok"}
     chosen = latest(r for r in records if r.session in sessions)
+    tau, n = worker_noise(frame(chosen.values()))
     rows = {}
     for r in chosen.values():
         if r.variant in (aa, *variants) and r.status == "ok" and r.speedup_ci:
             row = rows.setdefault(label(*r.key.entry), {})
             lo, hi = r.speedup_ci
-            verdict = "" if r.variant == aa else f" {stats.verdict(r.speedup_ci)}"
-            row[r.variant] = f"{r.speedup:.3f} [{lo:.3f}, {hi:.3f}]{verdict}"
+            if r.variant == aa:
+                row[r.variant] = f"{r.speedup:.3f} [{lo:.3f}, {hi:.3f}]"
+                continue
+            wide = [float(x) for x in widen(r.speedup, lo, hi, tau)]
+            row[r.variant] = f"{r.speedup:.3f} [{wide[0]:.3f}, {wide[1]:.3f}] {stats.verdict(wide)}"
             row["timing cores"] = ",".join(map(str, r.measure.get("timing_cpus") or [])) or "any"
             row["commit"] = (r.env.get("git_commit") or "unknown")[:7]
     if not rows:
         return ""
     table = pd.DataFrame(rows).T.reindex(columns=[aa, *variants, "timing cores", "commit"]).sort_index()
     table.columns = ["A/A: inductor again", *(f"{v} speedup" for v in variants), "timing cores", "commit"]
+    missed = sum(1 for r in chosen.values() if r.variant == aa and r.status == "ok" and r.speedup_ci
+                 and (r.speedup_ci[0] > 1 or r.speedup_ci[1] < 1))
     return ("\n### Noise: the A/A control, and speedups with 95 % intervals\n\n"
-            "Each row is one session; an interval is a paired bootstrap over its rounds. A speedup is a win or a "
-            "loss only where its interval excludes 1.\n\n" + table.to_markdown() + "\n")
+            "Each row is one session. The A/A control's interval is a paired bootstrap over its rounds; it "
+            f"excludes 1 in {missed} of {n} sessions, so the rounds miss a noise of each worker's own: two "
+            f"workers of the same code differ by {100 * tau:.1f} % (log-sd, from those {n} A/A controls, their "
+            "rounds' spread taken out). Each speedup's interval is its bootstrap widened by that; a speedup is a "
+            "win or a loss only where the widened interval excludes 1.\n\n" + table.to_markdown() + "\n")
 
 
 def revised(records: Sequence[Record], revisions: Mapping[str, str]) -> pd.DataFrame:

@@ -1,11 +1,12 @@
 import dataclasses
 import math
 import random
+import re
 
 import pandas as pd
 import pytest
 
-from experiments import report
+from experiments import figures, report
 from experiments.records import HostStats
 from tests.harness.test_figures import RECORDS, rec
 
@@ -255,3 +256,29 @@ def test_host_gap_takes_apart_what_a_workload_spends_beyond_its_gpu_time():
     assert table.loc["TKE", "largest host part"] == "torch, other"
     assert (a["graph replays"], a["partition calls without graph"], a["graphs called lean"], a["time / floor"]) == (3, 1, 2, 1.4)
     assert pd.isna(table.loc["TKE", "time / floor"])
+
+
+def _session(workload, aa, aa_ci, grace, grace_ci):
+    """One session of `workload`: the baseline, its A/A control and grace, with their speedups and intervals."""
+    made = [rec(workload, "inductor", 1.0), rec(workload, "inductor_aa", 1 / aa), rec(workload, "grace", 1 / grace)]
+    for r, (speedup, ci) in zip(made[1:], [(aa, aa_ci), (grace, grace_ci)]):
+        r.session, r.speedup, r.speedup_ci = workload, speedup, list(ci)
+    made[0].session = workload
+    return made
+
+
+def test_the_workers_noise_is_what_the_aa_controls_show_beyond_their_rounds_and_widens_every_verdict():
+    centred = _session("a", 1.01, (0.97, 1.05), 1.06, (1.03, 1.09)) + _session("b", 0.99, (0.95, 1.03), 1.2, (1.15, 1.25))
+    tau, n = figures.worker_noise(figures.frame(centred))
+    assert (tau, n) == (0.0, 2)  # each A/A offset lies well within its own interval: the rounds saw it all
+    off = _session("a", 1.06, (1.04, 1.08), 1.06, (1.03, 1.09)) + _session("b", 0.94, (0.92, 0.96), 1.2, (1.15, 1.25))
+    tau, n = figures.worker_noise(figures.frame(off))
+    moments = [math.log(aa) ** 2 - (math.log(hi / lo) / (2 * figures.Z95)) ** 2
+               for aa, lo, hi in [(1.06, 1.04, 1.08), (0.94, 0.92, 0.96)]]
+    assert n == 2 and math.isclose(tau, math.sqrt(sum(moments) / 2))
+    lo, hi = figures.widen(1.06, 1.03, 1.09, tau)
+    assert lo < 1 < hi and figures.widen(1.06, 1.03, 1.09, 0.0) == pytest.approx((1.03, 1.09))
+    text = report.noise(off)
+    assert "excludes 1 in 2 of 2 sessions" in text
+    assert re.search(r"1\.060 \[0\.9\d\d, 1\.1\d\d\] within noise", text)  # a win by the rounds alone
+    assert re.search(r"1\.200 \[1\.0\d\d, 1\.3\d\d\] win", text)
