@@ -150,21 +150,21 @@ class Bench:
         twins = ((task, steps["eager"]), (ref, steps["float64"]))
         for twin, observed in twins:
             twin.keep_initial()
-            observed["first"] = _host(twin.observe(twin.model))
+            observed["first"] = _host(twin.observe(twin.target))
         repeats = task.unchanged()  # the second step computes the first again: kept once (TP XLNet's logits: 17 GB in float64)
         for twin, observed in twins:
-            observed["second"] = observed["first"] if repeats else _host(twin.observe(twin.model))
+            observed["second"] = observed["first"] if repeats else _host(twin.observe(twin.target))
             twin.rewind()
             with twin.fed(fresh):
-                observed["fresh"] = _host(twin.observe(twin.model))
+                observed["fresh"] = _host(twin.observe(twin.target))
         torch.save({**steps, "inputs": fresh}, path)
 
     def _prepare(self, task: Task) -> Any:
-        """`task`'s model as the variant runs it, and its optimizer's step (compiled too with
-        compile_optimizer: the whole iteration, as the paper's harness compiles it)."""
+        """`task`'s target (the model; in train, with its loss) as the variant runs it, and its optimizer's
+        step (compiled too with compile_optimizer: the whole iteration, as the paper's harness compiles it)."""
         if task.optimizer is not None:
             task.optimizer_step = self.spec.variant.optimizer_step(task.optimizer, self.spec.compile_optimizer)
-        return self.spec.variant.apply(task.model)
+        return self.spec.variant.apply(task.target)
 
     def _checked_steps(self, task: Task, fn: Any, fresh: Any) -> Iterator[tuple[str, str | None, dict | None]]:
         """The steps that numerics checks, as (when, the reference's step it matches, the observation): the

@@ -2,8 +2,9 @@
 
 eval:  one forward pass under inference mode, model and floating inputs cast to the workload's eval dtype.
 train: one full step under autocast to the workload's train dtype (bfloat16 unless it says why not):
-       zero grads, forward, loss, backward, optimizer step (optimizer_step: compiled like the model with
-       measure.compile_optimizer, as the paper's harness compiles the whole iteration).
+       zero grads, forward and loss (`target`: compiled as one, WithLoss), backward, optimizer step
+       (optimizer_step: compiled like the model with measure.compile_optimizer), as the paper's harness
+       compiles the whole iteration.
 """
 
 from __future__ import annotations
@@ -32,6 +33,18 @@ def _call(fn: Callable, inputs: Any) -> Any:
     return fn(**inputs) if isinstance(inputs, dict) else fn(*inputs)
 
 
+class WithLoss(torch.nn.Module):
+    """A training workload's forward and its loss as one module, so that a variant compiles both: left
+    outside, the loss ran as eager kernels between the graphs (DCGAN's three BCE losses, say)."""
+
+    def __init__(self, model: torch.nn.Module, loss: Callable[[Any], torch.Tensor]):
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, *args, **kwargs):
+        return self.loss(self.model(*args, **kwargs))
+
+
 class Task:
     def __init__(self, workload: Workload, seed: int):
         self.workload = workload
@@ -49,7 +62,12 @@ class Task:
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
             self._make_optimizer_state()
         self.optimizer_step: Callable[[], object] | None = self.optimizer.step if self.optimizer else None
+        self.target = self._target()
         self.input_sets = self._sets(inputs)  # step i takes set i mod len
+
+    def _target(self) -> torch.nn.Module:
+        """What a step calls, and what a variant compiles: the model; in train, the model and its loss."""
+        return self.model if self.optimizer is None else WithLoss(self.model, self.workload.loss)
 
     def _make_optimizer_state(self) -> None:
         """SGD's momentum buffers, made now by a step on zero gradients: it moves no weight, and the first
@@ -86,7 +104,7 @@ class Task:
             self.input_sets, self.calls = kept, calls
 
     def step(self, fn: Callable) -> Any:
-        """One iteration through `fn` (the model itself, or a compiled version of it)."""
+        """One iteration through `fn` (the target itself, or a compiled version of it)."""
         torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier graph outputs may be reused
         inputs = self.input_sets[self.calls % len(self.input_sets)]
         self.calls += 1
@@ -96,7 +114,7 @@ class Task:
         self.optimizer.zero_grad(set_to_none=True)
         with torch.autocast(self.workload.device.type, dtype=self.compute_dtype,
                             enabled=self.compute_dtype != torch.float32):
-            loss = self.workload.loss(_call(fn, inputs))
+            loss = _call(fn, inputs)
         loss.backward()
         self.optimizer_step()
         return loss.detach()
@@ -160,4 +178,5 @@ class Task:
             # load_state_dict casts the state to each parameter's dtype; the deep copy keeps it unshared
             twin.optimizer.load_state_dict(copy.deepcopy(self.optimizer.state_dict()))
             twin.optimizer_step = twin.optimizer.step  # eager: the reference's
+        twin.target = twin._target()
         return twin

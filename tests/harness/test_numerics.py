@@ -14,13 +14,13 @@ FLOORS = {"bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-6}
 def _three(workload: str, mode: str):
     task = Task(get(workload)(mode, size="tiny"), seed=0)
     eager, ref = task.twin(), task.twin(torch.float64)
-    return task, eager.observe(eager.model), ref.observe(ref.model)
+    return task, eager.observe(eager.target), ref.observe(ref.target)
 
 
 @pytest.mark.parametrize("workload,mode", [("mlp", "eval"), ("mlp", "train"), ("eos_chain", "eval")])
 def test_eager_passes_against_float64(workload, mode):
     task, eager, ref = _three(workload, mode)
-    n = check(task.observe(task.model), eager, ref, task.compute_dtype, FLOORS, 3.0)
+    n = check(task.observe(task.target), eager, ref, task.compute_dtype, FLOORS, 3.0)
     assert n.passed, n
     assert 0 < n.rel_err == n.eager_rel_err < n.tolerance
     assert n.part in (("outputs",) if mode == "eval" else ("loss", "gradients", "update"))
@@ -28,14 +28,14 @@ def test_eager_passes_against_float64(workload, mode):
 
 def test_wrong_output_is_flagged():
     task, eager, ref = _three("mlp", "eval")
-    wrong = {"outputs": task.observe(task.model)["outputs"] * 1.1}
+    wrong = {"outputs": task.observe(task.target)["outputs"] * 1.1}
     n = check(wrong, eager, ref, task.compute_dtype, FLOORS, 3.0)
     assert not n.passed and n.rel_err > n.tolerance and n.part == "outputs"
 
 
 def test_wrong_gradient_is_flagged():
     task, eager, ref = _three("mlp", "train")
-    observed = task.observe(task.model)
+    observed = task.observe(task.target)
     observed["gradients"][0] += observed["gradients"][0].abs().max()
     n = check(observed, eager, ref, task.compute_dtype, FLOORS, 3.0)
     assert not n.passed and n.part == "gradients" and "failed: gradients" in n.detail
@@ -45,7 +45,7 @@ def test_a_wrong_loss_is_flagged_even_where_gradients_are_noisy():
     """Tiny ResNet-18's bf16 gradients are far from float64 even in eager (a loose yardstick for the
     gradients); the loss is held to its own, tight one."""
     task, eager, ref = _three("resnet18", "train")
-    observed = task.observe(task.model)
+    observed = task.observe(task.target)
     assert check(observed, eager, ref, task.compute_dtype, FLOORS, 3.0).passed
     observed["loss"] = observed["loss"] * 1.5
     n = check(observed, eager, ref, task.compute_dtype, FLOORS, 3.0)
@@ -90,17 +90,17 @@ def test_a_rewound_task_takes_the_first_step_again(workload, mode):
     the model writes) back as built, in the same tensors."""
     task = Task(get(workload)(mode, size="tiny"), seed=0)
     task.keep_initial()
-    first = task.observe(task.model)
+    first = task.observe(task.target)
     tensors = task._changeable()
     for _ in range(3):
-        task.step(task.model)
+        task.step(task.target)
     with torch.no_grad():  # whatever a step may change (this KV cache step writes the same slot again)
         for t in tensors:
             if t.is_floating_point():
                 t.add_(1)
     task.rewind()
     assert all(a is b for a, b in zip(task._changeable(), tensors))
-    again = task.observe(task.model)
+    again = task.observe(task.target)
     for part in first:
         for a, b in zip(pytree.tree_leaves(first[part]), pytree.tree_leaves(again[part])):
             torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -84,10 +84,10 @@ def test_host_profile_charges_time_to_the_part_of_the_stack_that_spent_it():
     from experiments.task import Task
 
     task = Task(workloads.get("mlp")("train", None, "tiny", "cpu"), 0)
-    compiled = torch.compile(task.model)
+    compiled = torch.compile(task.target)
     for _ in range(2):
         task.step(compiled)
-    eager, inductor = (profile_host(lambda: task.step(fn), 3, lambda: None) for fn in (task.model, compiled))
+    eager, inductor = (profile_host(lambda: task.step(fn), 3, lambda: None) for fn in (task.target, compiled))
     assert eager.iters == 3 and "inductor generated code" not in eager.groups
     assert inductor.groups["inductor generated code"] > 0 and inductor.groups["dynamo and aot autograd"] > 0
     assert eager.groups["autograd and optimizer"] > 0
