@@ -147,8 +147,12 @@ def within_best_stock(records: Sequence[Record], stock: str = "pt2_cg", ours: st
     """Per workload with both, `ours` over the faster of BASELINE and `stock`: the ratio of medians, the
     range of per-round ratios (taken within a round, where both ran back to back: a miss in every round
     is one beyond the run's noise), how much of the gap is GPU time, and whether any variant replayed a
-    CUDA graph (none: the same code ran in all, the difference is noise)."""
-    _, used, _ = _paper_speedups(records, (stock, ours))
+    CUDA graph (none: the same code ran in all, the difference is noise); where both ran in one session,
+    the ratio's 95 % interval (a paired bootstrap over the rounds, widened by the workers' noise) and the
+    verdict: slower or faster beyond noise, or within it."""
+    df, used, _ = _paper_speedups(records, (stock, ours))
+    tau = worker_noise(df)[0]
+    by_session = {(label(*r.key.entry), r.variant, r.session): r for r in records if r.status == "ok" and r.iter_ms}
     med = used.pivot_table(index="label", columns="variant", values="median_ms").reindex(columns=[BASELINE, stock, ours])
     ratio = (med[ours] / med[[BASELINE, stock]].min(axis=1, skipna=False)).dropna()
     graphless = set(used.groupby("label")["graphs"].max().loc[lambda g: g == 0].index)
@@ -165,6 +169,13 @@ def within_best_stock(records: Sequence[Record], stock: str = "pt2_cg", ours: st
                    f"within {100 * (margin - 1):.0f} %": r <= margin,
                    "slower every round": bool(per_round) and min(per_round) > margin,
                    "graphs": w not in graphless}
+        session = used.loc[(used["label"] == w) & (used["variant"] == ours), "session"].iloc[0]
+        a, b = by_session.get((w, ours, session)), by_session.get((w, best, session))
+        if a is not None and b is not None and len(a.iter_ms) == len(b.iter_ms) > 1:
+            r_, (low, high) = stats.speedup_interval(a.iter_ms, b.iter_ms)
+            low, high = (float(x) for x in widen(r_, low, high, tau))
+            rows[w].update({"low": low, "high": high,
+                            "verdict": "slower" if low > 1 else "faster" if high < 1 else "within noise"})
     return pd.DataFrame(rows).T.rename_axis("workload")
 
 

@@ -282,3 +282,21 @@ def test_the_workers_noise_is_what_the_aa_controls_show_beyond_their_rounds_and_
     assert "excludes 1 in 2 of 2 sessions" in text
     assert re.search(r"1\.060 \[0\.9\d\d, 1\.1\d\d\] within noise", text)  # a win by the rounds alone
     assert re.search(r"1\.200 \[1\.0\d\d, 1\.3\d\d\] win", text)
+
+
+def test_grace_against_the_best_stock_variant_is_judged_on_its_sessions_rounds():
+    jitter = random.Random(1)
+
+    def timed(workload, variant, ms, spread):
+        r = rec(workload, variant, ms)
+        r.iter_ms = [[ms * (1 + spread * (2 * jitter.random() - 1)) for _ in range(5)] for _ in range(12)]
+        return r
+
+    records = [timed("d", "inductor", 2.0, 0.01), timed("d", "pt2_cg", 1.0, 0.01), timed("d", "grace", 1.2, 0.01),
+               timed("e", "inductor", 2.0, 0.3), timed("e", "pt2_cg", 1.0, 0.3), timed("e", "grace", 1.05, 0.3)]
+    t = report.within_best_stock(records)
+    d = t.loc["d eval b1"]
+    assert d["verdict"] == "slower" and 1.15 < d["low"] <= d["high"] < 1.25
+    assert t.loc["e eval b1", "verdict"] == "within noise"
+    records[2].session = "another"  # grace measured in another session: no paired rounds, no verdict
+    assert pd.isna(report.within_best_stock(records).loc["d eval b1", "verdict"])
