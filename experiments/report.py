@@ -302,14 +302,14 @@ def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace
     for r in chosen.values():
         if r.variant in (aa, *variants) and r.status == "ok" and r.speedup_ci:
             row = rows.setdefault(label(*r.key.entry), {})
-            lo, hi = r.speedup_ci
-            if r.variant == aa:
-                row[r.variant] = f"{r.speedup:.3f} [{lo:.3f}, {hi:.3f}]"
-                continue
-            wide = [float(x) for x in widen(r.speedup, lo, hi, tau)]
-            row[r.variant] = f"{r.speedup:.3f} [{wide[0]:.3f}, {wide[1]:.3f}] {stats.verdict(wide)}"
             row["timing cores"] = ",".join(map(str, r.measure.get("timing_cpus") or [])) or "any"
             row["commit"] = (r.env.get("git_commit") or "unknown")[:7]
+            lo, hi = r.speedup_ci
+            if r.variant == aa:  # the rounds' interval alone: what shows the workers' noise
+                row[r.variant] = f"{r.speedup:.3f} [{lo:.3f}, {hi:.3f}]"
+            else:
+                wide = [float(x) for x in widen(r.speedup, lo, hi, tau)]
+                row[r.variant] = f"{r.speedup:.3f} [{wide[0]:.3f}, {wide[1]:.3f}] {stats.verdict(wide)}"
     if not rows:
         return ""
     table = pd.DataFrame(rows).T.reindex(columns=[aa, *variants, "timing cores", "commit"]).sort_index()
