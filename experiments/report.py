@@ -142,6 +142,11 @@ def geomeans(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gr
     return table
 
 
+def _time_verdict(low: float, high: float) -> str:
+    """A time ratio's verdict from its interval: slower or faster beyond noise, or within it."""
+    return "slower" if low > 1 else "faster" if high < 1 else "within noise"
+
+
 def within_best_stock(records: Sequence[Record], stock: str = "pt2_cg", ours: str = "grace",
                       margin: float = 1.03) -> pd.DataFrame:
     """Per workload with both, `ours` over the faster of BASELINE and `stock`: the ratio of medians, the
@@ -175,7 +180,7 @@ def within_best_stock(records: Sequence[Record], stock: str = "pt2_cg", ours: st
             r_, (low, high) = stats.speedup_interval(a.iter_ms, b.iter_ms)
             low, high = (float(x) for x in widen(r_, low, high, tau))
             rows[w].update({"low": low, "high": high,
-                            "verdict": "slower" if low > 1 else "faster" if high < 1 else "within noise"})
+                            "verdict": _time_verdict(low, high)})
     return pd.DataFrame(rows).T.rename_axis("workload")
 
 
@@ -423,7 +428,7 @@ def corpus(records: Sequence[dict], stock: Sequence[str] = ("inductor", "pt2_cg"
             if len(a) == len(b) > 1:
                 _, (low, high) = stats.speedup_interval(a, b)
                 row[f"{v} low"], row[f"{v} high"] = low, high
-                row[f"{v} verdict"] = "slower" if low > 1 else "faster" if high < 1 else "within noise"
+                row[f"{v} verdict"] = _time_verdict(low, high)
         if "grace" in ok:  # why it ran as it did: how much the graphs replayed, and what they left out
             g, summary = ok["grace"], ok["grace"].get("grace") or {}
             row["grace: kernels in graphs"] = f"{g.get('kernels_in_graphs')} of {g.get('kernels')}"
