@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from experiments import environment, workloads
 from experiments.bench import Bench, Spec
-from experiments.records import Numerics
+from experiments.records import Numerics, error_line
 from experiments.variants import MUTATIONS, Variant
 
 MEASURE = Path(__file__).resolve().parents[1] / "conf" / "measure" / "default.yaml"
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
             records = [{**case, "variant": variant, "caught": not n.passed if variant != "eager" else None,
                         "numerics": dataclasses.asdict(n)} for variant, n in check(name, mode, args.size, env.device).items()]
         except Exception as e:  # one workload that cannot be checked here (out of memory, say) stops no other
-            records = [{**case, "variant": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}]
+            records = [{**case, "variant": None, "error": error_line(e)}]
             print(f"{name} {mode}: {records[0]['error']}", file=sys.stderr)
         with path.open("a") as f:
             f.writelines(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records)

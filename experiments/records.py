@@ -24,6 +24,14 @@ STATUSES = ("ok", "mismatch", "failed", "skipped", "interrupted")
 FINAL_STATUSES = frozenset({"ok", "mismatch"})
 
 
+def error_line(e: BaseException, chars: int = 300) -> str:
+    """An error as one line of a record: the innermost exception that Dynamo's and Inductor's wrappers
+    carry (inner_exception), as its type and its message's first line."""
+    while isinstance(getattr(e, "inner_exception", None), BaseException):
+        e = e.inner_exception
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:chars]}"
+
+
 @dataclass
 class Numerics:
     """The variant's outputs (train: loss and gradients) against the same step in float64 on the same

@@ -31,6 +31,7 @@ from experiments import environment
 from experiments.corpus import hf, zoo
 from experiments.corpus.hazards import HAZARDS, Program
 from experiments.instrument import pytree
+from experiments.records import error_line
 from grace import scg
 from grace.profile import count, trace
 
@@ -44,10 +45,6 @@ NEEDS_CUDA = {"pt2_cg"}
 RTOL, ATOL = 1e-3, 1e-3  # float32 programs: Inductor's fusions round differently from eager
 NORM = 1e-2  # deep float32 models: convolutions in TF32, summed differently by eager and Inductor
 PROGRAMS = {**HAZARDS, **zoo.MODELS, **hf.MODELS}
-
-
-def _error(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
 
 
 def _host(value: Any) -> Any:
@@ -131,9 +128,9 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
         except Exception as e:
             if v == "eager":
                 for other in records.values():
-                    other.update(status="failed", reason=f"eager fails: {_error(e)}")
+                    other.update(status="failed", reason=f"eager fails: {error_line(e)}")
                 return list(records.values())
-            r.update(status="crash", reason=_error(e))
+            r.update(status="crash", reason=error_line(e))
             continue
         built[v] = program
         if VARIANTS[v] is not None and VARIANTS[v]["backend"] == "grace":
@@ -169,7 +166,7 @@ def _time(built: dict[str, Program], records: dict[str, dict], device: torch.dev
                     per_call.append((time.perf_counter() - t0) * 1e6)
                 times[v].append(per_call)
             except Exception as e:  # a variant that ran its checks but fails when called again
-                records[v].update(status="crash", reason=f"timing: {_error(e)}")
+                records[v].update(status="crash", reason=f"timing: {error_line(e)}")
                 built.pop(v)
                 names.remove(v)
                 break

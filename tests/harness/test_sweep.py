@@ -454,6 +454,32 @@ def test_numerics_catch_a_variant_wrong_only_on_the_step_that_records(tmp_path):
     assert n.detail == "failed: outputs at step 2 in float64, outputs at step 2", n
 
 
+def fails_in_float64(gm, example_inputs):
+    """A Dynamo backend that cannot compile a float64 graph, as Inductor's mix-order reduction could not."""
+    if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in example_inputs):
+        raise RuntimeError("Loop-carried variable accum0 has initial type fp32 but is re-assigned to fp64\nmore")
+    return gm
+
+
+def test_a_variant_that_cannot_compile_in_float64_is_still_checked_and_says_so(tmp_path, caplog):
+    """A compiler's float64-only failure is the check's problem, not the variant's: the variant is set up
+    and checked in its compute dtype, and its numerics say why float64 was left out."""
+    from experiments.bench import Bench, Spec
+    from experiments.variants import Variant
+
+    torch._dynamo.reset()
+    variant = Variant("no_float64", compile={"backend": "tests.harness.test_sweep:fails_in_float64"})
+    spec = Spec("mlp", "eval", None, "tiny", variant, "cpu", 0, 2, {"bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-6}, 3.0)
+    reference = str(tmp_path / "reference.pt")
+    Bench(spec).reference(reference)
+    setup = Bench(spec).setup(reference)
+    n = setup.numerics
+    assert n.passed and "in float64" not in n.part and setup.float64_check_s is None, n
+    assert n.detail == "not checked in float64: RuntimeError: Loop-carried variable accum0 has initial type fp32 "\
+        "but is re-assigned to fp64", n
+    assert "not checked in float64" in caplog.text
+
+
 def test_spread_measures_each_workload_twice_with_fresh_processes(make_cfg):
     """experiment=spread (runs: 2): its path, end to end on tiny sizes."""
     from experiments import report
