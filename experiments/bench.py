@@ -21,7 +21,7 @@ from experiments import tp, workloads
 from experiments.numerics import compare, judge
 from experiments.host_profile import profile_host
 from experiments.profiling import profile_iterations
-from experiments.records import HostStats, KernelStats, Numerics, error_line
+from experiments.records import HostStats, KernelStats, Numerics, error_line, out_of_memory
 from experiments.task import Task
 from experiments.timing import capture_whole, launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
@@ -244,6 +244,8 @@ class Bench:
                 results = self._check_in_float64(yardsticks)
                 float64_check_s = time.perf_counter() - t64
             except Exception as e:  # e.g. a compiler's float64-only bug: the check in the compute dtype still runs
+                if out_of_memory(f"{type(e).__name__}: {e} {error_line(e)}"):
+                    raise  # beside other variants' setups: the sweep sets this one up again alone
                 unchecked = f"not checked in float64: {error_line(e)}"
                 log.warning("%s %s: %s", spec.workload, spec.variant.name, unchecked, exc_info=True)
         if self.device.type == "cuda":

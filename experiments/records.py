@@ -32,6 +32,11 @@ def error_line(e: BaseException, chars: int = 300) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:chars]}"
 
 
+def out_of_memory(error: str) -> bool:
+    """Whether an error's text says the GPU ran out of memory (the sweep then sets the variant up alone)."""
+    return any(s in error for s in ("OutOfMemoryError", "out of memory", "ALLOC_FAILED"))
+
+
 @dataclass
 class Numerics:
     """The variant's outputs (train: loss and gradients) against the same step in float64 on the same

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from experiments import environment, stats, workloads
 from experiments.bench import Round, Setup, Spec
-from experiments.records import Record, RecordStore, Selection
+from experiments.records import Record, RecordStore, Selection, out_of_memory
 from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
 
@@ -69,10 +69,6 @@ def _entries(workload_cfg: Mapping[str, Any], size: str | None) -> list[Entry]:
             raise ConfigError(f"workload {label!r}: {e}") from None
         entries.append(Entry(w["name"], wl.mode, wl.batch, wl.size))
     return entries
-
-
-def _out_of_memory(error: str) -> bool:
-    return any(s in error for s in ("OutOfMemoryError", "out of memory", "ALLOC_FAILED"))
 
 
 def _rank_medians(rounds: list[Round]) -> list[float] | None:
@@ -312,11 +308,11 @@ class Sweep:
                     self._setups[v.name] = (len(ready) - 1, start_s, time.monotonic() - began)
                 except WorkerError as e:
                     worker.close()
-                    if len(group) > 1 and _out_of_memory(str(e)):
+                    if len(group) > 1 and out_of_memory(str(e)):
                         log.info("%s / %s: out of memory beside %d others: set up again alone (%s)",
                                  entry.name, v.name, len(group) - 1, e)
                         groups.append([v])
-                    elif defer and workers and _out_of_memory(str(e)):
+                    elif defer and workers and out_of_memory(str(e)):
                         log.info("%s / %s: out of memory beside %d workers set up: deferred (%s)",
                                  entry.name, v.name, len(workers), e)
                         deferred.append(v)

@@ -8,6 +8,7 @@ import torch
 
 from experiments import host_profile, stats
 from experiments import sweep as sweep_module
+from experiments.records import out_of_memory
 from experiments.sweep import ConfigError, Sweep
 from experiments.worker import WorkerError
 from tests.conftest import CONF
@@ -421,7 +422,7 @@ def test_a_capture_out_of_memory_fails_the_setup_as_an_out_of_memory(tmp_path, m
     monkeypatch.setattr(Bench, "_prepare", measured_instance_runs_out)
     with pytest.raises(torch.OutOfMemoryError, match="GraCE left a partition without a CUDA graph: capture failed") as e:
         Bench(spec).setup(reference)
-    assert sweep_module._out_of_memory(f"setup: {type(e.value).__name__}: {e.value}")
+    assert out_of_memory(f"setup: {type(e.value).__name__}: {e.value}")
 
 
 def wrong_on_its_second_call(gm, example_inputs):
@@ -454,11 +455,19 @@ def test_numerics_catch_a_variant_wrong_only_on_the_step_that_records(tmp_path):
     assert n.detail == "failed: outputs at step 2 in float64, outputs at step 2", n
 
 
-def fails_in_float64(gm, example_inputs):
-    """A Dynamo backend that cannot compile a float64 graph, as Inductor's mix-order reduction could not."""
-    if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in example_inputs):
-        raise RuntimeError("Loop-carried variable accum0 has initial type fp32 but is re-assigned to fp64\nmore")
-    return gm
+def _fails_in_float64(error):
+    def backend(gm, example_inputs):
+        if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in example_inputs):
+            raise error
+        return gm
+    return backend
+
+
+# a Dynamo backend that cannot compile a float64 graph, as Inductor's mix-order reduction could not
+fails_in_float64 = _fails_in_float64(
+    RuntimeError("Loop-carried variable accum0 has initial type fp32 but is re-assigned to fp64\nmore"))
+# one whose float64 copy does not fit beside the other variants' setups
+runs_out_in_float64 = _fails_in_float64(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.54 GiB."))
 
 
 def test_a_variant_that_cannot_compile_in_float64_is_still_checked_and_says_so(tmp_path, caplog):
@@ -478,6 +487,13 @@ def test_a_variant_that_cannot_compile_in_float64_is_still_checked_and_says_so(t
     assert n.detail == "not checked in float64: RuntimeError: Loop-carried variable accum0 has initial type fp32 "\
         "but is re-assigned to fp64", n
     assert "not checked in float64" in caplog.text
+    # out of memory is not the compiler's: it reaches the sweep, which sets the variant up again alone
+    torch._dynamo.reset()
+    spec = dataclasses.replace(spec, variant=Variant(
+        "oom_in_float64", compile={"backend": "tests.harness.test_sweep:runs_out_in_float64"}))
+    with pytest.raises(Exception) as e:
+        Bench(spec).setup(reference)
+    assert out_of_memory(f"setup: {type(e.value).__name__}: {e.value}"), e.value
 
 
 def test_spread_measures_each_workload_twice_with_fresh_processes(make_cfg):
