@@ -90,6 +90,7 @@ class Setup:
     float64_check_s: float | None  # the variant run and checked in float64 first (None: not run, TP)
     numerics: Numerics | None  # None on tensor-parallel ranks other than 0
     floor_method: str | None = None  # the floor variant's: how its time is taken (Bench._take_floor)
+    shape_padding: dict[str, dict] = dataclasses.field(default_factory=dict)  # as Diagnostics's, once set up
 
 
 def capture_out_of_memory(start: int) -> str | None:
@@ -275,7 +276,7 @@ class Bench:
         self._release()
         t1, t2 = timed
         return Setup(self.task.workload.batch, built - t0 - (float64_check_s or 0), t1 - built, t2 - t1,
-                     t3 - t2, float64_check_s, numerics, floor_method)
+                     t3 - t2, float64_check_s, numerics, floor_method, shape_padding_choices())
 
     def _take_floor(self) -> str:
         """The floor variant's timed step (Variant.floor), its numerics checked as its variant's: the step

@@ -13,6 +13,7 @@ import fcntl
 import json
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Iterable, Mapping
@@ -35,6 +36,24 @@ def error_line(e: BaseException, chars: int = 300) -> str:
 def out_of_memory(error: str) -> bool:
     """Whether an error's text says the GPU ran out of memory (the sweep then sets the variant up alone)."""
     return any(s in error for s in ("OutOfMemoryError", "out of memory", "ALLOC_FAILED"))
+
+
+def padded_apart(padding: Mapping[str, Mapping[str, dict]], beside: Mapping[str, int]) -> list[str]:
+    """Of the variants with their shape padding choices (Bench.Setup.shape_padding) and how many others
+    each was set up beside, those set up beside others that chose otherwise than the workload for some
+    GEMM that several compiled. Inductor times the GEMM padded and unpadded while it compiles, beside
+    compiling workers wrongly (docs/harness.md): the workload's choice is that of the variants set up
+    alone where they agree, else the majority's; on a tie, every one set up beside others chose otherwise."""
+    apart: set[str] = set()
+    for gemm in {k for choices in padding.values() for k in choices}:
+        chose = {name: choices[gemm]["pad"] for name, choices in padding.items() if gemm in choices}
+        alone = {pad for name, pad in chose.items() if beside[name] == 0}
+        votes = Counter(chose.values())
+        right = (alone.pop() if len(alone) == 1 else None if votes[True] == votes[False]
+                 else votes.most_common(1)[0][0])
+        if len(chose) > 1:
+            apart |= {name for name, pad in chose.items() if beside[name] > 0 and pad != right}
+    return [name for name in padding if name in apart]
 
 
 @dataclass

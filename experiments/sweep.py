@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from experiments import environment, stats, workloads
 from experiments.bench import Round, Setup, Spec
-from experiments.records import Record, RecordStore, Selection, out_of_memory
+from experiments.records import Record, RecordStore, Selection, out_of_memory, padded_apart
 from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
 
@@ -318,7 +318,22 @@ class Sweep:
                         deferred.append(v)
                     else:
                         self._unmeasured(entry, run, v, "failed", str(e))
+            if not groups:  # then those whose GEMMs Inductor padded otherwise than the others did, alone
+                groups = [[v] for v in self._padded_apart(entry, workers)]
         return deferred
+
+    def _padded_apart(self, entry: Entry, workers: dict) -> list[Variant]:
+        """Variants set up beside others whose shape padding (Inductor's timed choice to pad a misaligned
+        GEMM) differs from the workload's (padded_apart); their workers closed and dropped from `workers`."""
+        beside = {name: self._setups[name][0] for name in workers}
+        apart = []
+        for name in padded_apart({name: setup.shape_padding for name, (_, _, setup) in workers.items()}, beside):
+            v, worker, _ = workers.pop(name)
+            worker.close()
+            log.info("%s / %s: Inductor padded a GEMM otherwise than the other variants did, set up beside "
+                     "%d others: set up again alone", entry.name, name, beside[name])
+            apart.append(v)
+        return apart
 
     def _time_rounds(self, entry: Entry, run: int, workers: dict) -> dict[str, list[Round]]:
         """Interleaved rounds; a worker that fails is recorded, closed and dropped from `workers`."""

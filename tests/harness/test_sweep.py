@@ -2,13 +2,14 @@
 
 import dataclasses
 import os
+import types
 
 import pytest
 import torch
 
 from experiments import host_profile, stats
 from experiments import sweep as sweep_module
-from experiments.records import out_of_memory
+from experiments.records import out_of_memory, padded_apart
 from experiments.sweep import ConfigError, Sweep
 from experiments.worker import WorkerError
 from tests.conftest import CONF
@@ -285,6 +286,56 @@ def test_a_variant_out_of_memory_even_alone_is_measured_in_a_group_of_its_own(ma
     assert records[0].round_ratios is None  # no baseline in the first group
 
 
+GEMM = "((torch.Size([50257, 8192]), (1, 50257), torch.bfloat16), ...)"
+
+
+def _padded(pad):
+    return {GEMM: {"pad": pad, "unpadded_ms": 4.5}}
+
+
+def test_a_gemm_padded_otherwise_beside_others_is_found_against_the_variants_set_up_alone():
+    """DGPT2's floor, set up beside eight others, left the LM head's GEMM unpadded where every other
+    variant padded it, and its kernels took 15.3 ms against 12.0."""
+    beside = {"inductor": 7, "pt2_cg": 7, "floor": 7, "grace": 0, "scg": 0}
+    padding = {name: _padded(name != "floor") for name in beside}
+    assert padded_apart(padding, beside) == ["floor"]
+    # those set up alone decide against a majority beside others; on a tie, all beside others are redone
+    assert padded_apart({**padding, "inductor": _padded(False), "pt2_cg": _padded(False)},
+                                     beside) == ["inductor", "pt2_cg", "floor"]
+    tie = {"inductor": 1, "pt2_cg": 1}
+    assert padded_apart({"inductor": _padded(True), "pt2_cg": _padded(False)}, tie) == ["inductor", "pt2_cg"]
+    # agreeing, alone already, or the only variant that compiled the GEMM: nothing to redo
+    assert padded_apart({n: _padded(True) for n in beside}, beside) == []
+    assert padded_apart({"inductor": _padded(True), "grace": _padded(False)}, {"inductor": 0, "grace": 0}) == []
+    assert padded_apart({"inductor": _padded(False), "grace": {}}, {"inductor": 3, "grace": 3}) == []
+
+
+def test_a_variant_that_padded_otherwise_beside_others_is_set_up_again_alone(make_cfg, monkeypatch):
+    """Its first setup's worker is closed and the variant set up again with the GPU to itself; the
+    record is of that setup."""
+    setups = []
+
+    class Padding(sweep_module.Worker):  # eager's first setup, beside inductor's, chose not to pad
+        def __init__(self, spec, timeout_s):
+            super().__init__(spec, timeout_s)
+            self.variant = spec.variant.name
+
+        def reply(self):
+            value = super().reply()
+            if self._method == "setup":
+                setups.append(self.variant)
+                pad = not (self.variant == "eager" and setups.count("eager") == 1)
+                value = dataclasses.replace(value, shape_padding=_padded(pad))
+            return value
+
+    monkeypatch.setattr(sweep_module, "Worker", Padding)
+    recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
+                              "aa_control=true", "measure.parallel_setup=true").store)
+    assert setups == ["eager", "inductor", "inductor_aa", "eager"]
+    assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok", "inductor_aa": "ok"}
+    assert [recs[v].set_up_beside for v in ("eager", "inductor", "inductor_aa")] == [0, 2, 2]
+
+
 def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cfg, monkeypatch):
     """SCG times its candidates while it sets up: never beside another worker's setup on the GPU."""
     events = []
@@ -301,6 +352,7 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
 
         def reply(self):
             events.append(("end", self.variant))
+            return types.SimpleNamespace(shape_padding={})  # as a Setup with no GEMM to pad
 
     monkeypatch.setattr(sweep_module, "Worker", Idle)
     sweep = Sweep(make_cfg("workload=[mlp]", "variant=[inductor,pt2_cg,scg,grace]", "measure.parallel_setup=true"))
