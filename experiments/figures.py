@@ -23,17 +23,32 @@ import pandas as pd
 import seaborn as sns
 
 from experiments import stats, workloads
-from experiments.records import Record, latest, session_baselines
+from experiments.records import Record, latest, padded_apart, session_baselines
 
 TP_EXPERIMENT = "tp"  # conf/experiment/tp.yaml: the records of Fig 11
 KEY = ["workload", "mode", "batch", "size", "variant", "run", "tp"]
 BASELINE = "inductor"
+FLOOR = "floor"  # the variant that times the floor (sweep.FLOOR)
 LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "PyTorch2-CG",
           "runtime": "GraCE runtime", "cgct": "CGCT",
           "pi": "PI", "scg": "SCG", "cgct_pi": "CGCT+PI", "grace": "GraCE",
           "inductor_aa": "A/A control (PyTorch2 again)", "floor": "Floor (the step as one CUDA graph)"}
 GEOMEAN = "geomean"
 ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date", "cpu"]
+
+
+def padded_otherwise(records: Iterable[Record]) -> dict[tuple[str, str], list[str]]:
+    """Per workload label and session of `records` (ok or mismatch), the variants set up beside others
+    that Inductor padded a GEMM for otherwise than the session's other variants did (records.padded_apart):
+    their kernels are not the workload's. Records without set_up_beside were set up beside others."""
+    sessions: dict[tuple[str, str], dict[str, Record]] = {}
+    for r in records:
+        if r.status in ("ok", "mismatch"):
+            sessions.setdefault((label(r.workload, r.mode, r.batch, r.size), r.session), {})[r.variant] = r
+    apart = {key: padded_apart({v: r.shape_padding for v, r in by_variant.items()},
+                               {v: 1 if r.set_up_beside is None else r.set_up_beside for v, r in by_variant.items()})
+             for key, by_variant in sorted(sessions.items())}
+    return {key: variants for key, variants in apart.items() if variants}
 
 
 def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.DataFrame:
@@ -47,10 +62,13 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
     for r in list(newest.values()):
         if r.variant == baseline_beside and (anchor := anchors.get(r.key.in_session(r.session))):
             newest[anchor.key] = anchor
+    # a floor compiled otherwise than the workload's variants is no floor under them (DGPT2's lay above them)
+    no_floor = {key for key, variants in padded_otherwise(newest.values()).items() if FLOOR in variants}
     rows = []
     for r in newest.values():
         k = r.kernels
         anchor = anchors.get(r.key.in_session(r.session))
+        floored = (label(r.workload, r.mode, r.batch, r.size), r.session) not in no_floor
         rows.append({
             "workload": r.workload, "mode": r.mode, "batch": r.batch, "size": r.size, "variant": r.variant,
             "run": r.run, "tp": r.tp, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,
@@ -59,9 +77,10 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
             "ci_lo": r.speedup_ci[0] if r.speedup_ci else None, "ci_hi": r.speedup_ci[1] if r.speedup_ci else None,
             "gpu_kernel_ms": k.gpu_kernel_ms if k else None, "kernels": k.kernels if k else None,
             "kernels_in_graphs_share": k.kernels_in_graphs_share if k else None, "graphs": k.graphs if k else None,
-            "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None, "over_floor": r.over_floor,
-            "floor_lo": r.over_floor_ci[0] if r.over_floor_ci else None,
-            "floor_hi": r.over_floor_ci[1] if r.over_floor_ci else None,
+            "graph_input_copy_bytes": k.graph_input_copy_bytes if k else None,
+            "over_floor": r.over_floor if floored else None,
+            "floor_lo": r.over_floor_ci[0] if r.over_floor_ci and floored else None,
+            "floor_hi": r.over_floor_ci[1] if r.over_floor_ci and floored else None,
             "rel_err": r.numerics.rel_err if r.numerics else None, "cudagraph_skips": r.cudagraph_skips, "graph_breaks": r.graph_breaks,
             "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons),
             "graph_break_reasons": "; ".join(r.graph_break_reasons),

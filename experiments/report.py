@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import stats
-from experiments.figures import BASELINE, acronym, frame, json_lines, label, speedups, widen, worker_noise
+from experiments.figures import (BASELINE, acronym, frame, json_lines, label, padded_otherwise, speedups, widen,
+                                 worker_noise)
 from experiments.records import Record, latest, valid_since
 
 
@@ -198,11 +199,20 @@ def caveats(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
             lambda c: ", ".join(sorted(set(c)))),
         "set up alone": used.groupby("label")["set_up_alone"].all(),
         "capture out of memory": starved.groupby("label")["variant"].agg(", ".join),
+        "padded otherwise": pd.Series(_padded_otherwise(records), dtype=object),
         "not ok": bad.assign(w=bad["variant"] + ": " + bad["status"] + ": "
                              + bad["reason"].fillna("").str.split("\n").str[0].str.slice(0, 120))
                      .groupby("label")["w"].agg("; ".join),
     })
     return table.rename_axis("workload").sort_index()
+
+
+def _padded_otherwise(records: Sequence[Record]) -> dict[str, str]:
+    """Per workload, the variants of its newest records that Inductor padded otherwise (figures.padded_otherwise)."""
+    apart: dict[str, list[str]] = {}
+    for (name, _), variants in padded_otherwise(latest(records).values()).items():
+        apart.setdefault(name, []).extend(variants)
+    return {name: ", ".join(variants) for name, variants in apart.items()}
 
 
 def environment(records: Sequence[Record]) -> pd.DataFrame:

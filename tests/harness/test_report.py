@@ -54,6 +54,26 @@ def test_caveats_name_variants_measured_after_a_capture_ran_out_of_memory():
     assert c.loc["a eval b1", "capture out of memory"] == "grace"
 
 
+def test_caveats_name_variants_that_inductor_padded_otherwise_beside_others():
+    """DGPT2's floor left the LM head's GEMM unpadded beside eight others that padded it."""
+    gemm = {"pad": True, "unpadded_ms": 4.5}
+    records = [dataclasses.replace(r, shape_padding={"lm_head": gemm} if r.workload == "a" else {}, set_up_beside=2)
+               for r in RECORDS]
+    assert report.caveats(records)["padded otherwise"].isna().all()
+    odd = next(i for i, r in enumerate(records) if (r.workload, r.variant) == ("a", "pt2_cg"))
+    records[odd] = dataclasses.replace(records[odd], shape_padding={"lm_head": {**gemm, "pad": False}})
+    assert report.caveats(records).loc["a eval b1", "padded otherwise"] == "pt2_cg"
+    # a floor compiled otherwise is no floor: no variant of its session is timed over it
+    over = [dataclasses.replace(r, over_floor=2.0) for r in records]
+    floor = dataclasses.replace(rec("a", "floor", 0.5), set_up_beside=2, shape_padding={"lm_head": gemm})
+    def over_floor(workload):
+        df = figures.frame(over + [floor])
+        return df.loc[(df["workload"] == workload) & (df["variant"] != "floor"), "over_floor"]
+    assert (over_floor("a") == 2.0).all()
+    floor.shape_padding = {"lm_head": {**gemm, "pad": False}}
+    assert over_floor("a").isna().all() and (over_floor("b") == 2.0).all()
+
+
 def test_where_grace_misses_the_better_stock_choice():
     records = RECORDS + [rec("d", "inductor", 1.0), rec("d", "pt2_cg", 1.0), rec("d", "grace", 1.1),
                          rec("e", "inductor", 1.0), rec("e", "pt2_cg", 0.5, share=1.0), rec("e", "grace", 0.6)]
