@@ -1,0 +1,146 @@
+"""Why two workers of the same code time differently (issue 29's A/A control): per-process speed, with
+Python's hash seed random (as the harness's spawned workers have it), fixed, and fixed with address-space
+randomization off.
+
+    python scripts/worker_noise.py [--model mlp] [--size tiny] [--sessions 6] [--per 3] [--rounds 30] [--calls 300]
+
+A session starts `per` processes of each way at once, all alive together as a sweep's workers are;
+each compiles the suite's `model` with Inductor and waits. Then rounds rotate over the processes, one
+timing at a time on the same core (the last of this process's): `calls` calls back to back between
+two synchronizations. A process's level is the mean of its rounds' log(us per call); the workers'
+noise of a way is the spread of its processes' levels within a session, less what the rounds' own
+spread explains, as the log-sd of the ratio of two processes (what experiments.figures.worker_noise
+estimates from the sweep's A/A controls): tau^2 = 2 (mean over sessions of var(levels) -
+mean(var(rounds) / rounds)). Appends one JSON record
+per session to results/worker_noise/<device>/sessions.jsonl and prints tau per way, with a bootstrap
+interval over sessions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WAYS = {"random seed": ([], None), "fixed seed": ([], "0"),
+        "fixed seed, no ASLR": (["setarch", os.uname().machine, "-R"], "0")}
+
+
+def child(model: str, size: str, calls: int, core: int) -> None:
+    """One process: build and compile `model`, then a round per "go" line on stdin, its us per call on stdout."""
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    from experiments import workloads
+    from experiments.task import Task
+    from grace.calibrate import per_call_us
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    task = Task(workloads.get(model)("eval", size=size, device=device.type), seed=0)
+    inputs = tuple(task.input_sets[0])
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    with torch.inference_mode():
+        fn = torch.compile(task.model)
+        for _ in range(20):
+            fn(*inputs)
+        print("ready", flush=True)
+        for line in sys.stdin:
+            if line.strip() != "go":
+                return
+            print(per_call_us(lambda: fn(*inputs), calls, device), flush=True)
+
+
+def start(way: str, args) -> subprocess.Popen:
+    prefix, seed = WAYS[way]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    if seed is not None:
+        env["PYTHONHASHSEED"] = seed
+    cmd = [*prefix, sys.executable, __file__, "--child", "--model", args.model, "--size", args.size,
+           "--calls", str(args.calls), "--core", str(args.core)]
+    return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def session(args) -> dict:
+    """One session: every way's processes alive together, rounds rotating over them."""
+    procs = [(way, start(way, args)) for _ in range(args.per) for way in WAYS]
+    for _, p in procs:
+        if p.stdout.readline().strip() != "ready":
+            raise SystemExit(f"error: a {args.model} process did not get ready (exit {p.wait()})")
+    rounds = [[] for _ in procs]
+    for r in range(args.rounds):
+        for i in [(r + j) % len(procs) for j in range(len(procs))]:
+            procs[i][1].stdin.write("go\n")
+            procs[i][1].stdin.flush()
+            rounds[i].append(float(procs[i][1].stdout.readline()))
+    for _, p in procs:
+        p.stdin.close()
+        p.wait()
+    return {"processes": [{"way": way, "us_per_call_by_round": rs} for (way, _), rs in zip(procs, rounds)]}
+
+
+def tau(sessions: list[dict], way: str) -> float:
+    """The workers' noise of `way`: the log-sd of the ratio of two of its processes, from their levels
+    within each session."""
+    between, within = [], []
+    for s in sessions:
+        logs = [[math.log(x) for x in p["us_per_call_by_round"]] for p in s["processes"] if p["way"] == way]
+        between.append(statistics.variance([statistics.fmean(r) for r in logs]))
+        within.append(statistics.fmean(statistics.variance(r) / len(r) for r in logs))
+    return math.sqrt(2 * max(0.0, statistics.fmean(between) - statistics.fmean(within)))
+
+
+def summary(sessions: list[dict], resamples: int = 2000) -> dict[str, tuple[float, float, float]]:
+    """Per way: tau and its 95 % interval, by resampling sessions."""
+    rng = random.Random(0)
+    out = {}
+    for way in WAYS:
+        boot = sorted(tau(rng.choices(sessions, k=len(sessions)), way) for _ in range(resamples))
+        out[way] = (tau(sessions, way), boot[int(0.025 * resamples)], boot[int(0.975 * resamples)])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--sessions", type=int, default=6)
+    parser.add_argument("--per", type=int, default=3, help="processes of each way per session")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--core", type=int, default=max(os.sched_getaffinity(0)))
+    parser.add_argument("--out", default="results/worker_noise")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.model, args.size, args.calls, args.core)
+    if args.per < 2:
+        raise SystemExit("error: --per must be at least 2: the noise is the spread between processes")
+    sys.path.insert(0, str(REPO))
+    from experiments import environment
+
+    env = dataclasses.asdict(environment.current())
+    path = Path(args.out) / environment.device_tag(environment.current()) / "sessions.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "child")}
+    sessions = []
+    for i in range(args.sessions):
+        sessions.append({**session(args), **settings, "env": env})
+        with path.open("a") as f:  # each session kept as it ends: an interrupted run loses only its last
+            f.write(json.dumps(sessions[-1], sort_keys=True) + "\n")
+        print(f"session {i + 1} of {args.sessions} recorded", flush=True)
+    for way, (t, lo, hi) in summary(sessions).items():
+        print(f"{way:>20}: tau {100 * t:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]")
+    print(f"records: {path}")
+
+
+if __name__ == "__main__":
+    main()
