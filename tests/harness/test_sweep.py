@@ -234,12 +234,12 @@ def test_parallel_setup_measures_the_same_variants(make_cfg, mode):
     assert recs["eager"].round_ratios == stats.round_ratios(recs["eager"].iter_ms, recs["inductor"].iter_ms)
 
 
-def _crowded(monkeypatch, variant: str, failures: int, error: str) -> list[str]:
-    """Workers whose first `failures` setups of `variant` fail with `error`, as beside seven others on a
-    GPU; returns the list of setups, in order, as they happen."""
+def _on_setup(monkeypatch, change) -> list[str]:
+    """Workers whose setup replies go through change(variant, nth setup of it, reply), which may raise;
+    returns the list of setups, in order, as they happen."""
     setups = []
 
-    class Crowded(sweep_module.Worker):
+    class Changed(sweep_module.Worker):
         def __init__(self, spec, timeout_s):
             super().__init__(spec, timeout_s)
             self.variant = spec.variant.name
@@ -248,12 +248,22 @@ def _crowded(monkeypatch, variant: str, failures: int, error: str) -> list[str]:
             value = super().reply()
             if self._method == "setup":
                 setups.append(self.variant)
-                if self.variant == variant and setups.count(variant) <= failures:
-                    raise WorkerError(error)
+                value = change(self.variant, setups.count(self.variant), value)
             return value
 
-    monkeypatch.setattr(sweep_module, "Worker", Crowded)
+    monkeypatch.setattr(sweep_module, "Worker", Changed)
     return setups
+
+
+def _crowded(monkeypatch, variant: str, failures: int, error: str) -> list[str]:
+    """Workers whose first `failures` setups of `variant` fail with `error`, as beside seven others on a GPU."""
+
+    def change(name, nth, value):
+        if name == variant and nth <= failures:
+            raise WorkerError(error)
+        return value
+
+    return _on_setup(monkeypatch, change)
 
 
 @pytest.mark.parametrize("error, retried", [("setup: OutOfMemoryError: CUDA out of memory. Tried to allocate 250 MiB", True),
@@ -313,22 +323,8 @@ def test_a_gemm_padded_otherwise_beside_others_is_found_against_the_variants_set
 def test_a_variant_that_padded_otherwise_beside_others_is_set_up_again_alone(make_cfg, monkeypatch):
     """Its first setup's worker is closed and the variant set up again with the GPU to itself; the
     record is of that setup."""
-    setups = []
-
-    class Padding(sweep_module.Worker):  # eager's first setup, beside inductor's, chose not to pad
-        def __init__(self, spec, timeout_s):
-            super().__init__(spec, timeout_s)
-            self.variant = spec.variant.name
-
-        def reply(self):
-            value = super().reply()
-            if self._method == "setup":
-                setups.append(self.variant)
-                pad = not (self.variant == "eager" and setups.count("eager") == 1)
-                value = dataclasses.replace(value, shape_padding=_padded(pad))
-            return value
-
-    monkeypatch.setattr(sweep_module, "Worker", Padding)
+    setups = _on_setup(monkeypatch, lambda name, nth, value:  # eager's first, beside inductor's, chose not to pad
+                       dataclasses.replace(value, shape_padding=_padded(not (name == "eager" and nth == 1))))
     recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
                               "aa_control=true", "measure.parallel_setup=true").store)
     assert setups == ["eager", "inductor", "inductor_aa", "eager"]
