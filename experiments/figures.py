@@ -37,6 +37,12 @@ GEOMEAN = "geomean"
 ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date", "cpu"]
 
 
+def measured_at(env: dict) -> str:
+    """The code a record ran: its hash of grace/, experiments/ and conf/ (environment.code_hash), the same
+    for every commit that only adds results; for records made before the hash, their commit."""
+    return f"code {env['code']}" if env.get("code") else f"commit {(env.get('git_commit') or 'unknown')[:7]}"
+
+
 def padded_otherwise(records: Iterable[Record]) -> dict[tuple[str, str], list[str]]:
     """Per workload label and session of `records` (ok or mismatch), the variants set up beside others
     that Inductor padded a GEMM for otherwise than the session's other variants did (records.padded_apart):
@@ -85,13 +91,13 @@ def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.D
             "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons),
             "graph_break_reasons": "; ".join(r.graph_break_reasons),
             "not_captured": "; ".join((r.grace or {}).get("not_captured") or []),
-            "set_up_alone": r.set_up_alone,
+            "set_up_alone": r.set_up_alone, "measured_at": measured_at(r.env),
             **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
     df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "baseline_ms", "round_ratios", "speedup", "ci_lo", "ci_hi", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "over_floor", "floor_lo", "floor_hi", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
-                                           "not_captured", "set_up_alone", *ENV_COLUMNS])
+                                           "not_captured", "set_up_alone", "measured_at", *ENV_COLUMNS])
     for column in ("baseline_ms", "speedup", "ci_lo", "ci_hi", "over_floor", "floor_lo", "floor_hi"):
         df[column] = df[column].astype(float)  # all empty: None, an object column otherwise
     df["label"] = [label(r.workload, r.mode, r.batch, r.size) for r in df.itertuples()]
@@ -162,12 +168,12 @@ def widen(ratio, lo, hi, tau: float):
             np.exp(np.log(ratio) + np.sqrt(np.log(hi / ratio) ** 2 + extra)))
 
 
-def intervals(df: pd.DataFrame, table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def intervals(df: pd.DataFrame, table: pd.DataFrame, tau: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The 95 % intervals of `table`'s speedups (label x variant): the records' bootstrap over rounds,
-    widened by the workers' noise (worker_noise); NaN where a record has none (measured before the
+    widened by the workers' noise tau (worker_noise); NaN where a record has none (measured before the
     intervals were)."""
     lo, hi = (_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("ci_lo", "ci_hi"))
-    return widen(table, lo, hi, worker_noise(df)[0])
+    return widen(table, lo, hi, tau)
 
 
 def with_geomean(table: pd.DataFrame) -> pd.DataFrame:
@@ -246,10 +252,12 @@ def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | Non
 
 def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str] | None = None,
                    name: str = "speedup", title: str = "Speedup over Inductor without CUDA Graphs",
-                   overlay: str | None = None) -> Path:
+                   overlay: str | None = None, noise: tuple[float, int] | None = None) -> Path:
     """Bars of speedup over `inductor` per workload plus geomean. Variants default to every one recorded
-    but the baseline; workloads are sorted by the last variant's speedup over the first's."""
+    but the baseline; workloads are sorted by the last variant's speedup over the first's. `noise`: the
+    workers' noise and its count of A/A controls (worker_noise), by default from these records'."""
     df = frame(records)
+    noise = worker_noise(df) if noise is None else noise
     if variants is None:
         order = list(LABELS)  # the paper's order; variants of one's own come after, by name
         recorded = sorted(df["variant"].unique(), key=lambda v: (order.index(v) if v in order else len(order), v))
@@ -264,16 +272,18 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
             absent.loc[table.index[-1], v] = statuses.pop()
     fig = _bars(table[list(variants)], f"{title} ({_measured(df, [BASELINE, *variants], table.index)})",
                 f"speedup over {LABELS[BASELINE]}",
-                table[overlay] if overlay else None, errors=intervals(df, table[list(variants)]), absent=absent,
-                footnote="\n".join(filter(None, [_noise_note(df), footnote])))
+                table[overlay] if overlay else None, errors=intervals(df, table[list(variants)], noise[0]), absent=absent,
+                footnote="\n".join(filter(None, [_noise_note(noise), footnote])))
     return _save(fig, table, out, name)
 
 
 def floor_figure(records: Iterable[Record], out: Path, variants: Sequence[str] = (BASELINE, "pt2_cg", "grace"),
-                 name: str = "floor") -> Path | None:
+                 name: str = "floor", noise: tuple[float, int] | None = None) -> Path | None:
     """Bars of each variant's time over the floor measured beside it (the step as one CUDA graph), per
-    workload and geomean, with the intervals; None where no record has a floor."""
+    workload and geomean, with the intervals widened by `noise` (as speedup_figure's); None where no
+    record has a floor."""
     df = frame(records)
+    noise = worker_noise(df) if noise is None else noise
     table = _ok(df, "over_floor").reindex(columns=list(variants)) if len(df) else pd.DataFrame()
     if table.isna().all().all():
         return None
@@ -281,13 +291,13 @@ def floor_figure(records: Iterable[Record], out: Path, variants: Sequence[str] =
     lo, hi = (_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("floor_lo", "floor_hi"))
     fig = _bars(table, f"Time over the floor ({_measured(df, [*variants, 'floor'], table.index)})",
                 "time / floor (the step as one CUDA graph)",
-                errors=widen(table, lo, hi, worker_noise(df)[0]), footnote=_noise_note(df))
+                errors=widen(table, lo, hi, noise[0]), footnote=_noise_note(noise))
     return _save(fig, table, out, name)
 
 
-def _noise_note(df: pd.DataFrame) -> str:
+def _noise_note(noise: tuple[float, int]) -> str:
     """What the error bars are."""
-    tau, n = worker_noise(df)
+    tau, n = noise
     return (f"error bars: 95 % intervals, the rounds' bootstrap and the workers' noise ({100 * tau:.1f} %, "
             f"from {n} A/A controls)" if n else "error bars: 95 % intervals, the rounds' bootstrap")
 
@@ -298,11 +308,12 @@ def _devices(df: pd.DataFrame) -> str:
 
 
 def _measured(df: pd.DataFrame, variants: Sequence[str], labels: Sequence[str]) -> str:
-    """Where and at which code the drawn bars were measured: the machines, and the commit of the ok records
-    of `variants` at `labels`, or how many commits they mix (a reader must not take them for one)."""
+    """Where and at which code the drawn bars were measured: the machines, and the code of the ok records
+    of `variants` at `labels` (measured_at), or how many versions of it they mix (a reader must not take
+    them for one)."""
     drawn = df["variant"].isin(variants) & df["label"].isin(labels) & (df["status"] == "ok")
-    commits = sorted(set(df.loc[drawn, "git_commit"].dropna()))
-    at = f"at {commits[0]}" if len(commits) == 1 else f"records of {len(commits)} commits" if commits else ""
+    codes = sorted(set(df.loc[drawn, "measured_at"]))
+    at = f"at {codes[0]}" if len(codes) == 1 else f"records of {len(codes)} versions of the code" if codes else ""
     return ", ".join(filter(None, [_devices(df), at]))
 
 
@@ -384,16 +395,18 @@ def paper_figures(records: Sequence[Record], out: Path) -> list[Path]:
     records = single_gpu(records)
     paper = [r for r in records if acronym(r.workload, r.mode, r.batch, r.size)]
     extra = [r for r in records if not acronym(r.workload, r.mode, r.batch, r.size)]
+    noise = worker_noise(frame(records))  # the harness's, from every workload's A/A control: one for all
     figs = [tp] if tp else []
     if paper:
         figs += [speedup_figure(paper, out, ["pt2_cg", "grace"], "fig9_speedup",
-                                "Fig 9: speedup over PyTorch2 without CUDA Graphs"),
+                                "Fig 9: speedup over PyTorch2 without CUDA Graphs", noise=noise),
                  speedup_figure(paper, out, ["cgct", "cgct_pi", "grace"], "fig10_ablation", "Fig 10: ablation",
-                                overlay="pt2_cg")]
-        figs += [f for f in [floor_figure(paper, out)] if f]
+                                overlay="pt2_cg", noise=noise)]
+        figs += [f for f in [floor_figure(paper, out, noise=noise)] if f]
     if extra:
         figs.append(speedup_figure(extra, out, ["pt2_cg", "grace"], "extra_speedup",
-                                   "Beyond the paper's workloads: speedup over PyTorch2 without CUDA Graphs"))
+                                   "Beyond the paper's workloads: speedup over PyTorch2 without CUDA Graphs",
+                                   noise=noise))
     return figs + [coverage_table(records, out), copy_bytes_table(records, out)]
 
 

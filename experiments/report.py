@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import stats
-from experiments.figures import (BASELINE, acronym, frame, json_lines, label, padded_otherwise, speedups, widen,
-                                 worker_noise)
+from experiments.figures import (BASELINE, acronym, frame, json_lines, label, measured_at, padded_otherwise, speedups,
+                                 widen, worker_noise)
 from experiments.records import Record, latest, valid_since
 
 
@@ -186,7 +186,7 @@ def within_best_stock(records: Sequence[Record], stock: str = "pt2_cg", ours: st
 
 
 def caveats(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> pd.DataFrame:
-    """Per workload, what a reader must know about its records: sessions and commits they come from,
+    """Per workload, what a reader must know about its records: sessions and code they come from,
     whether every variant was set up with the GPU to itself, variants whose captures ran out of memory,
     and the newest records that are not ok (status and first line of the reason)."""
     df, used, _ = _paper_speedups(records, variants)
@@ -195,8 +195,7 @@ def caveats(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
     starved = used[used["not_captured"].str.contains("OutOfMemoryError", na=False)]
     table = pd.DataFrame({
         "sessions": shown.groupby("label")["session"].nunique(),
-        "commits": used.assign(c=used["git_commit"].fillna("unknown").str[:7]).groupby("label")["c"].agg(
-            lambda c: ", ".join(sorted(set(c)))),
+        "measured at": used.groupby("label")["measured_at"].agg(lambda c: ", ".join(sorted(set(c)))),
         "set up alone": used.groupby("label")["set_up_alone"].all(),
         "capture out of memory": starved.groupby("label")["variant"].agg(", ".join),
         "padded otherwise": pd.Series(_padded_otherwise(records), dtype=object),
@@ -281,7 +280,7 @@ def host_gap(records: Sequence[Record], variant: str = "grace", above: float = 1
                      **{f"{p} us": us for p, us in sorted(parts.items())},
                      "largest host part": max(work, key=work.get) if work else "not profiled",
                      "profile grouped": grouping,
-                     "commit": (r.env.get("git_commit") or "")[:7]})
+                     "measured at": measured_at(r.env)})
     table = pd.DataFrame(rows)
     return table.sort_values("gap ms", ascending=False).set_index("workload") if rows else table
 
@@ -318,7 +317,7 @@ def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace
         if r.variant in (aa, *variants) and r.status == "ok" and r.speedup_ci:
             row = rows.setdefault(label(*r.key.entry), {})
             row["timing cores"] = ",".join(map(str, r.measure.get("timing_cpus") or [])) or "any"
-            row["commit"] = (r.env.get("git_commit") or "unknown")[:7]
+            row["measured at"] = measured_at(r.env)
             lo, hi = r.speedup_ci
             if r.variant == aa:  # the rounds' interval alone: what shows the workers' noise
                 row[r.variant] = f"{r.speedup:.3f} [{lo:.3f}, {hi:.3f}]"
@@ -327,8 +326,8 @@ def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace
                 row[r.variant] = f"{r.speedup:.3f} [{wide[0]:.3f}, {wide[1]:.3f}] {stats.verdict(wide)}"
     if not rows:
         return ""
-    table = pd.DataFrame(rows).T.reindex(columns=[aa, *variants, "timing cores", "commit"]).sort_index()
-    table.columns = ["A/A: inductor again", *(f"{v} speedup" for v in variants), "timing cores", "commit"]
+    table = pd.DataFrame(rows).T.reindex(columns=[aa, *variants, "timing cores", "measured at"]).sort_index()
+    table.columns = ["A/A: inductor again", *(f"{v} speedup" for v in variants), "timing cores", "measured at"]
     missed = sum(1 for r in chosen.values() if r.variant == aa and r.status == "ok" and r.speedup_ci
                  and (r.speedup_ci[0] > 1 or r.speedup_ci[1] < 1))
     return ("\n### Noise: the A/A control, and speedups with 95 % intervals\n\n"
@@ -446,7 +445,7 @@ def corpus(records: Sequence[dict], stock: Sequence[str] = ("inductor", "pt2_cg"
                 summary.get("not_captured", []) + summary.get("without_graph", []) + summary.get("fallbacks", []))
             if g.get("device_us") and ok[best].get("device_us"):  # a gap on the GPU, or on the host
                 row["grace: GPU time / best stock's"] = g["device_us"] / ok[best]["device_us"]
-            row["grace: measured at"] = ((g.get("env") or {}).get("git_commit") or "")[:7]
+            row["grace: measured at"] = measured_at(g.get("env") or {})
         rows.append(row)
     vs = pd.DataFrame(rows).set_index("program") if rows else pd.DataFrame()
     if not vs.empty:
@@ -464,9 +463,9 @@ def corpus_markdown(records: Sequence[dict]) -> str:
         summary.append(f"{v} {stats.geomean(vs[c].dropna().tolist()):.3g} (slower beyond noise on "
                        f"{verdicts.get('slower', 0)} of {int(vs[c].notna().sum())} programs, faster on "
                        f"{verdicts.get('faster', 0)})")
-    commits = sorted({(r.get("env") or {}).get("git_commit", "")[:7] for r in records} - {""})
+    codes = sorted({measured_at(r.get("env") or {}) for r in records})
     return ("\n### The corpus\n\nStatus per variant (each program's newest record; `grace`: CGCT, PI and SCG, "
-            "`grace (cgct)`: CGCT alone, the default before; measured at " + ", ".join(commits) + "):\n\n"
+            "`grace (cgct)`: CGCT alone, the default before; measured at " + ", ".join(codes) + "):\n\n"
             + rates.to_markdown()
             + "\n\nTime over the faster of inductor and pt2_cg, geomean: " + "; ".join(summary)
             + ". The ten slowest programs (low, high: the 95 % interval):\n\n"

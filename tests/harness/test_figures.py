@@ -199,12 +199,16 @@ def test_the_floor_figure_draws_each_variants_time_over_the_floor_with_its_inter
     assert math.isclose(table.loc["geomean (n=2)", "pt2_cg"], math.sqrt(4 * 6))
 
 
-def test_a_figures_title_names_the_commit_of_its_bars_or_how_many_they_mix():
-    def at(commit):
-        return lambda r: dataclasses.replace(r, env={**r.env, "git_commit": commit})
+def test_a_figures_title_names_the_code_of_its_bars_or_how_many_versions_they_mix():
+    def at(commit, code=None):
+        return lambda r: dataclasses.replace(r, env={**r.env, "git_commit": commit, "code": code})
 
-    one = figures.frame(map(at("5850e9b"), RECORDS))
-    assert figures._measured(one, ["inductor", "grace"], one["label"]) == "NVIDIA H200, at 5850e9b"
+    one = figures.frame(map(at("5850e9b"), RECORDS))  # made before the code hash: the commit names the code
+    assert figures._measured(one, ["inductor", "grace"], one["label"]) == "NVIDIA H200, at commit 5850e9b"
     mixed = figures.frame([at("b73d38e")(r) if r.workload == "a" else at("5850e9b")(r) for r in RECORDS])
-    assert figures._measured(mixed, ["inductor", "grace"], mixed["label"]) == "NVIDIA H200, records of 2 commits"
-    assert figures._measured(mixed, ["inductor", "grace"], ["b eval b1"]) == "NVIDIA H200, at 5850e9b"  # drawn only
+    assert figures._measured(mixed, ["inductor", "grace"], mixed["label"]) == "NVIDIA H200, records of 2 versions of the code"
+    assert figures._measured(mixed, ["inductor", "grace"], ["b eval b1"]) == "NVIDIA H200, at commit 5850e9b"  # drawn only
+    # commits that only added records between two device calls ran the same code: one version, not two
+    same = figures.frame([at("b73d38e", "509073974623")(r) if r.workload == "a" else at("5850e9b", "509073974623")(r)
+                          for r in RECORDS])
+    assert figures._measured(same, ["inductor", "grace"], same["label"]) == "NVIDIA H200, at code 509073974623"

@@ -40,7 +40,7 @@ def test_headline_numbers():
     assert math.isclose(g.loc["grace", "benefit ratio"], (6 - 1) / (math.sqrt(6) - 1))
     assert "mlp eval b1" in report.per_workload(records).index
     c = report.caveats(records)
-    assert c.loc["EOS", "not ok"] == "grace: failed: " and c.loc["ALNET", "commits"] == "unknown"
+    assert c.loc["EOS", "not ok"] == "grace: failed: " and c.loc["ALNET", "measured at"] == "commit unknown"
     assert c["capture out of memory"].isna().all()
     assert report.environment(records).index[0][0] == "NVIDIA H200"
     failed = dataclasses.replace(rec("mlp", "pt2_cg", None, status="failed"), reason="setup: OutOfMemoryError: x\nmore")
@@ -244,7 +244,7 @@ def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
     assert vs.loc["a", "grace low"] > 1 and list(vs["grace verdict"]) == ["slower", "within noise", "faster"]
     assert vs.loc["a", "grace: kernels in graphs"] == "4 of 10"
     assert vs.loc["a", "grace: why not in a graph"] == "SCG: faster without a graph"
-    assert vs.loc["a", "grace: measured at"] == "bc256dc" and vs.loc["b", "grace: measured at"] == ""
+    assert vs.loc["a", "grace: measured at"] == "commit bc256dc" and vs.loc["b", "grace: measured at"] == "commit unknown"
     assert vs.loc["a", "grace: GPU time / best stock's"] == 1.25 and pd.isna(vs.loc["b", "grace: GPU time / best stock's"])
     text = report.corpus_markdown(records)
     assert "grace 0.986 (slower beyond noise on 1 of 3 programs, faster on 1)" in text
@@ -285,6 +285,25 @@ def _session(workload, aa, aa_ci, grace, grace_ci):
         r.session, r.speedup, r.speedup_ci = workload, speedup, list(ci)
     made[0].session = workload
     return made
+
+
+def test_every_figure_and_table_widens_by_one_workers_noise_from_every_aa_control(tmp_path, monkeypatch):
+    # a paper workload (ALNET) and one beyond the paper (mlp), each with an A/A control off by its own amount:
+    # the workers' noise is the harness's, so Fig 9, the extras' figure and the report all take both
+    stock = dataclasses.replace(rec("a", "pt2_cg", 0.95), session="a")
+    records = (_as_paper(_session("a", 1.06, (1.04, 1.08), 1.06, (1.03, 1.09)) + [stock])
+               + _session("mlp", 0.90, (0.88, 0.92), 1.2, (1.15, 1.25)))
+    both = figures.worker_noise(figures.frame(records))
+    drawn = []
+    monkeypatch.setattr(figures, "_noise_note", lambda noise: drawn.append(noise) or "")
+    figures.paper_figures(records, tmp_path)
+    assert both[1] == 2 and len(drawn) >= 3 and set(drawn) == {both}
+    for r in records:  # rounds, so that the report judges grace against the best stock variant
+        r.iter_ms = [[r.median_ms * (1 + i / 100)] * 5 for i in range(4)]
+    widened = []
+    monkeypatch.setattr(report, "widen", lambda *args: widened.append(args[-1]) or figures.widen(*args))
+    report.within_best_stock(records)
+    assert widened == [both[0]] and figures.worker_noise(figures.frame(records[:4]))[0] < both[0]
 
 
 def test_the_workers_noise_is_what_the_aa_controls_show_beyond_their_rounds_and_widens_every_verdict():
