@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig
@@ -57,6 +58,27 @@ def unknown_choice(args: list[str]) -> str | None:
     return None
 
 
+def refused_override(args: list[str]) -> str | None:
+    """One line for the first override the config refuses (a value of the wrong type, a key it lacks),
+    in place of Hydra's several: the config composed as a job's would be, once per value of a sweep."""
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+    except HydraException:
+        return None  # Hydra reports malformed overrides itself
+    values = [[f"{o.input_line.split('=', 1)[0]}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+              else [o.input_line] for o in overrides if not o.key_or_group.startswith("hydra")]
+    first = [v[0] for v in values]
+    jobs = [first] + [first[:i] + [v] + first[i + 1:] for i, vs in enumerate(values) for v in vs[1:]]
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        for job in jobs:
+            try:
+                compose("config", overrides=job)
+            except HydraException as e:
+                why = [str(x).splitlines()[0].rstrip(".") for x in (e, e.__cause__) if x is not None and str(x)]
+                return "error: " + ": ".join(why)
+    return None
+
+
 def run_corpus(cfg: DictConfig) -> None:
     from experiments import corpus, gpus
 
@@ -95,7 +117,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    if message := unknown_choice(sys.argv[1:]):
+    if message := unknown_choice(sys.argv[1:]) or refused_override(sys.argv[1:]):
         print(message, file=sys.stderr)
         sys.exit(2)
     main()

@@ -31,7 +31,10 @@ def recorded(tmp_path):
     (["experiment=smoke", "variant=eager,nope"], "error: unknown variant 'nope' (known: cgct, cgct_pi, eager,"),
     (["experiment=smoke", "workload=[mlp]", "workload.mlp.name=nope"], "error: workload 'mlp': unknown workload 'nope'"),
     (["experiment=smoke", "workload=[EOS]", "workload.EOS.mode=train"], "no train mode"),
-    (["experiment=smoke", "measure.rounds=abc"], "Error merging override measure.rounds=abc"),
+    (["experiment=smoke", "measure.rounds=abc"],
+     "error: Error merging override measure.rounds=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    (["-m", "experiment=smoke", "measure.rounds=3,abc"], "error: Error merging override measure.rounds=abc"),
+    (["experiment=smoke", "measure.nosuch=1"], "error: Could not override 'measure.nosuch': Key 'nosuch' not in 'Measure'"),
     (["experiment=smoke", "workload=[alexnet]"], "error: unknown workload 'alexnet' (the model of ALNET: use that)"),
     (["experiment=smoke", "+variant.x.dynamo.no_such_setting=1"], "torch._dynamo.config has no setting 'no_such_setting'"),
     (["experiment=corpus", "corpus.programs=[nope/]"], "error: unknown program, family or variant ['nope/']"),
@@ -40,7 +43,7 @@ def test_bad_input(tmp_path, recorded, args, message):
     before = hashlib.sha256(recorded.read_bytes()).hexdigest()
     proc = _run(tmp_path, *args)
     assert proc.returncode != 0
-    assert message in proc.stderr.splitlines()[0]
+    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert hashlib.sha256(recorded.read_bytes()).hexdigest() == before
 
