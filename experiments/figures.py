@@ -357,15 +357,31 @@ def copy_bytes_table(records: Iterable[Record], out: Path,
 
 def tp_figure(records: Iterable[Record], out: Path, variants: Sequence[str] = ("pt2_cg", "grace")) -> Path | None:
     """Fig 11: latency per workload at each tensor-parallel degree that ran (TP1 included), PyTorch2-CG
-    against GraCE (the slowest rank's iterations), from the tp experiment's records; None without any."""
-    df = frame(records)
-    df = df[(df["status"] == "ok") & df["variant"].isin(variants)]
-    if df.empty:
+    against GraCE (the slowest rank's iterations), from the tp experiment's records; None without any.
+    The variants of a workload and degree are compared within one session, the newest where all were
+    ok; where none has them all, their bars are drawn as missing, and the footnote says why."""
+    sessions: dict[tuple[str, int], dict[str, dict[str, Record]]] = {}
+    for r in records:
+        if r.status == "ok" and r.variant in variants:
+            sessions.setdefault((label(*r.key.entry), r.tp), {}).setdefault(r.session, {})[r.variant] = r
+    if not sessions:
         return None
-    df = df.assign(bar=[f"{LABELS.get(v, v)} TP{t}" for v, t in zip(df["variant"], df["tp"])])
-    table = df.pivot_table(index="label", columns="bar", values="median_ms")
-    table = table[sorted(table.columns, key=lambda c: (c.split(" TP")[0] != LABELS.get(variants[0]), int(c.split(" TP")[1])))]
-    fig = _bars(table, "Fig 11: tensor parallelism", "ms per iteration (slowest rank)", reference=None)
+    chosen, apart = [], []
+    for (name, tp), by_session in sorted(sessions.items()):
+        whole = [s for s in by_session.values() if len(s) == len(variants)]
+        if whole:
+            chosen += max(whole, key=lambda s: max(r.env.get("date", "") for r in s.values())).values()
+        else:
+            apart.append(f"{name} TP{tp}")
+    bars = [f"{LABELS.get(v, v)} TP{t}" for v in variants for t in sorted({tp for _, tp in sessions})]
+    table = pd.DataFrame(index=sorted({name for name, _ in sessions}), columns=bars, dtype=float)
+    for r in chosen:
+        table.at[label(*r.key.entry), f"{LABELS.get(r.variant, r.variant)} TP{r.tp}"] = r.median_ms
+    table.index.name = "workload"
+    at = f" ({_measured(frame(chosen), variants, table.index)})" if chosen else ""
+    fig = _bars(table, f"Fig 11: tensor parallelism{at}", "ms per iteration (slowest rank)",
+                reference=None, footnote="each degree's bars come from one session" + (
+                    f"; missing: no session with both variants ok ({', '.join(apart)})" if apart else ""))
     return _save(fig, table, out, "fig11_tp")
 
 

@@ -135,6 +135,23 @@ def test_fig11_from_the_tp_experiments_records_and_the_other_figures_without_the
     assert extra.loc["mlp eval b8 tiny", "pt2_cg"] == 20.0 / 3.0 and extra.loc["mlp eval b8 tiny", "grace"] == 10.0
 
 
+def test_fig11_compares_the_variants_of_one_session_only(tmp_path):
+    from tests.harness.test_records import make
+
+    def at(variant, tp, ms, session, date):
+        r = dataclasses.replace(make(variant, median_ms=ms, tp=tp), experiment="tp", session=session)
+        return dataclasses.replace(r, env={**r.env, "date": date})
+
+    records = [at("pt2_cg", 1, 10.0, "old", "2026-11-01"), at("grace", 1, 9.0, "old", "2026-11-01"),
+               at("pt2_cg", 1, 12.0, "new", "2026-11-02"), at("grace", 1, 11.0, "new", "2026-11-02"),
+               at("pt2_cg", 2, 6.0, "a", "2026-11-03"), at("grace", 2, 4.0, "b", "2026-11-04")]  # TP2: apart
+    figures.tp_figure(records, tmp_path)
+    table = pd.read_csv(tmp_path / "fig11_tp.csv", index_col="workload")
+    row = table.iloc[0]
+    assert (row["PyTorch2-CG TP1"], row["GraCE TP1"]) == (12.0, 11.0)  # the newest session with both
+    assert math.isnan(row["PyTorch2-CG TP2"]) and math.isnan(row["GraCE TP2"])  # never side by side
+
+
 def test_a_figure_drawn_again_from_the_same_records_is_the_same_bytes(tmp_path):
     import time
 
