@@ -176,18 +176,45 @@ def intervals(df: pd.DataFrame, table: pd.DataFrame, tau: float) -> tuple[pd.Dat
     return widen(table, lo, hi, tau)
 
 
-def with_geomean(table: pd.DataFrame) -> pd.DataFrame:
-    """Append a geomean row: over the workloads where every column has a value; where that leaves none
-    (a variant not measured yet), each column over its own workloads, with the counts in the label (of
-    those that have any: a bar without a value says why)."""
+def _geomean_rows(table: pd.DataFrame) -> dict[str, pd.Index]:
+    """The workloads each column's geomean is over: those where every column has a value; where that
+    leaves none (a variant not measured yet), each column's own."""
     complete = table.dropna()
-    if len(complete):
-        row, label = {c: stats.geomean(complete[c].tolist()) for c in table.columns}, f"{GEOMEAN} (n={len(complete)})"
+    return {c: complete.index if len(complete) else table[c].dropna().index for c in table.columns}
+
+
+def with_geomean(table: pd.DataFrame) -> pd.DataFrame:
+    """Append a geomean row over _geomean_rows, with the counts in the label (per column, of those that
+    have any, where the columns' workloads differ: a bar without a value says why)."""
+    rows = _geomean_rows(table)
+    row = {c: stats.geomean(table.loc[rows[c], c].tolist()) if len(rows[c]) else np.nan for c in table.columns}
+    if len(complete := table.dropna()):
+        label = f"{GEOMEAN} (n={len(complete)})"
     else:
-        counts = table.notna().sum()
-        row = {c: stats.geomean(table[c].dropna().tolist()) if counts[c] else np.nan for c in table.columns}
-        label = f"{GEOMEAN} (" + ", ".join(f"{c} n={counts[c]}" for c in table.columns if counts[c]) + ")"
+        label = f"{GEOMEAN} (" + ", ".join(f"{c} n={len(rows[c])}" for c in table.columns if len(rows[c])) + ")"
     return pd.concat([table, pd.DataFrame(row, index=[label])])
+
+
+def geomean_interval(values: pd.Series, lo: pd.Series, hi: pd.Series) -> tuple[float, float]:
+    """The 95 % interval of the geomean of `values`, each with its own interval [lo, hi]: the workloads were
+    measured in sessions of their own, so the variances of their logs add (each from its interval's width
+    in log space): sd = sqrt(sum sd_i^2) / n. NaN where any of them has no interval."""
+    if values.empty or lo.isna().any() or hi.isna().any():
+        return np.nan, np.nan
+    centre = float(np.log(values.to_numpy(float)).mean())
+    sd = float(np.sqrt((((np.log(hi.to_numpy(float)) - np.log(lo.to_numpy(float))) / (2 * Z95)) ** 2).sum())) / len(values)
+    return float(np.exp(centre - Z95 * sd)), float(np.exp(centre + Z95 * sd))
+
+
+def geomean_errors(table: pd.DataFrame, errors: tuple[pd.DataFrame, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`errors` (the low and high tables of some of `table`'s columns, `table` ending in with_geomean's
+    row) with the geomean row's interval filled in (geomean_interval over the same workloads)."""
+    lo, hi = (e.copy() for e in errors)
+    body, last = table.iloc[:-1], table.index[-1]
+    for c, rows in _geomean_rows(body).items():
+        if c in lo:
+            lo.at[last, c], hi.at[last, c] = geomean_interval(body.loc[rows, c], lo.loc[rows, c], hi.loc[rows, c])
+    return lo, hi
 
 
 def _save(fig, data: pd.DataFrame, out: Path, name: str, index_label: str = "workload") -> Path:
@@ -272,7 +299,8 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
             absent.loc[table.index[-1], v] = statuses.pop()
     fig = _bars(table[list(variants)], f"{title} ({_measured(df, [BASELINE, *variants], table.index)})",
                 f"speedup over {LABELS[BASELINE]}",
-                table[overlay] if overlay else None, errors=intervals(df, table[list(variants)], noise[0]), absent=absent,
+                table[overlay] if overlay else None, absent=absent,
+                errors=geomean_errors(table, intervals(df, table[list(variants)], noise[0])),
                 footnote="\n".join(filter(None, [_noise_note(noise), footnote])))
     return _save(fig, table, out, name)
 
@@ -291,7 +319,7 @@ def floor_figure(records: Iterable[Record], out: Path, variants: Sequence[str] =
     lo, hi = (_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("floor_lo", "floor_hi"))
     fig = _bars(table, f"Time over the floor ({_measured(df, [*variants, 'floor'], table.index)})",
                 "time / floor (the step as one CUDA graph)",
-                errors=widen(table, lo, hi, noise[0]), footnote=_noise_note(noise))
+                errors=geomean_errors(table, widen(table, lo, hi, noise[0])), footnote=_noise_note(noise))
     return _save(fig, table, out, name)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import stats
-from experiments.figures import (BASELINE, acronym, frame, json_lines, label, measured_at, padded_otherwise, speedups,
-                                 widen, worker_noise)
+from experiments.figures import (BASELINE, acronym, frame, geomean_interval, intervals, json_lines, label, measured_at,
+                                 padded_otherwise, speedups, widen, worker_noise)
 from experiments.records import Record, latest, valid_since
 
 
@@ -121,17 +121,25 @@ def per_workload(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg",
 
 
 def geomeans(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> pd.DataFrame:
-    """Per variant, over the paper's workloads it has: how many, the geomean speedup over the baseline,
-    and those slower than the baseline, the geomean time over the floor over those with one; and the benefit ratio (speedup - 1) of the last variant over the
+    """Per variant, over the paper's workloads it has: how many, the geomean speedup over the baseline
+    with its 95 % interval (figures.geomean_interval; empty until every one of them has an interval),
+    and those slower than the baseline, the geomean time over the floor over those with one (and its
+    interval, likewise); and the benefit ratio (speedup - 1) of the last variant over the
     first over the workloads with both (the paper reports more than 2)."""
-    _, used, paper = _paper_speedups(records, variants)
+    df, used, paper = _paper_speedups(records, variants)
+    tau = worker_noise(df)[0]
+    lo, hi = intervals(df, paper, tau) if len(paper) else (paper, paper)
     rows = {}
     for v in variants:
         got = paper[v].dropna() if v in paper else pd.Series(dtype=float)
-        over = used[(used["variant"] == v) & used["paper"]]["over_floor"].dropna()
+        over = used[(used["variant"] == v) & used["paper"]].dropna(subset=["over_floor"]).set_index("label")
+        low, high = geomean_interval(got, lo[v].reindex(got.index), hi[v].reindex(got.index)) if len(got) else (None, None)
         rows[v] = {"workloads": len(got), "geomean speedup": stats.geomean(got.tolist()) if len(got) else None,
+                   "low": low, "high": high,
                    f"slower than {BASELINE}": ", ".join(got[got < 1].index),
-                   **({"with a floor": len(over), "geomean time / floor": stats.geomean(over.tolist())}
+                   **({"with a floor": len(over), "geomean time / floor": stats.geomean(over["over_floor"].tolist()),
+                       **dict(zip(("floor low", "floor high"), geomean_interval(
+                           over["over_floor"], *widen(over["over_floor"], over["floor_lo"], over["floor_hi"], tau))))}
                       if len(over) else {})}
     table = pd.DataFrame(rows).T
     both = paper[[variants[0], variants[-1]]].dropna() if set(variants) <= set(paper) else pd.DataFrame()

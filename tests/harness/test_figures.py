@@ -57,6 +57,18 @@ def test_geomean_per_variant_when_no_workload_has_them_all():
     assert math.isnan(table.loc[label, "cgct"])
 
 
+def test_the_geomean_has_an_interval_once_every_workload_it_is_over_has_one():
+    table = figures.with_geomean(pd.DataFrame({"grace": [2.0, 8.0]}, index=["a", "b"]))
+    lo = pd.DataFrame({"grace": [1.8, 7.0, None]}, index=table.index)
+    hi = pd.DataFrame({"grace": [2.2, 9.0, None]}, index=table.index)
+    low, high = (e.iloc[-1]["grace"] for e in figures.geomean_errors(table, (lo, hi)))
+    sd = math.sqrt(sum((math.log(h / lw) / (2 * figures.Z95)) ** 2 for lw, h in [(1.8, 2.2), (7.0, 9.0)])) / 2
+    assert (low, high) == pytest.approx((4 * math.exp(-figures.Z95 * sd), 4 * math.exp(figures.Z95 * sd)))
+    assert low < 4 < high and high / low < 9 / 7  # narrower than its widest workload's: the errors average
+    lo.iloc[0, 0] = None  # a workload measured before intervals were: the geomean claims none
+    assert all(math.isnan(e.iloc[-1]["grace"]) for e in figures.geomean_errors(table, (lo, hi)))
+
+
 def test_latest_record_wins():
     newer = rec("a", "grace", 2.0)
     table = figures.speedups(figures.frame(RECORDS + [newer]), ["grace"])

@@ -132,6 +132,10 @@ def test_time_over_the_floor_where_one_was_measured():
     assert table.loc["ALNET", "grace time / floor"] == 2 and table.loc["TKE", "inductor time / floor"] == 8
     g = report.geomeans(records)
     assert math.isclose(g.loc["grace", "geomean time / floor"], math.sqrt(2 * 4))
+    assert pd.isna(g.loc["grace", "floor low"])  # floors measured without an interval: the geomean has none
+    with_ci = [dataclasses.replace(r, over_floor_ci=[0.9 * r.over_floor, 1.1 * r.over_floor]) for r in records]
+    g = report.geomeans(with_ci)
+    assert g.loc["grace", "floor low"] < math.sqrt(2 * 4) < g.loc["grace", "floor high"] < 1.1 * math.sqrt(2 * 4)
 
 
 def test_splice_needs_markers(tmp_path):
@@ -304,6 +308,9 @@ def test_every_figure_and_table_widens_by_one_workers_noise_from_every_aa_contro
     monkeypatch.setattr(report, "widen", lambda *args: widened.append(args[-1]) or figures.widen(*args))
     report.within_best_stock(records)
     assert widened == [both[0]] and figures.worker_noise(figures.frame(records[:4]))[0] < both[0]
+    g = report.geomeans(records)  # one paper workload: grace's geomean interval is its widened interval
+    assert (g.loc["grace", "low"], g.loc["grace", "high"]) == pytest.approx(figures.widen(1.06, 1.03, 1.09, both[0]), rel=1e-3)
+    assert pd.isna(g.loc["pt2_cg", "low"])  # measured without rounds: no interval, none for its geomean
 
 
 def test_the_workers_noise_is_what_the_aa_controls_show_beyond_their_rounds_and_widens_every_verdict():
