@@ -38,6 +38,7 @@ def test_headline_numbers():
     assert g.loc["pt2_cg", "slower than inductor"] == "EOS" and g.loc["grace", "slower than inductor"] == ""
     # benefit ratio over ALNET and TKE: (6 - 1) / (sqrt(6) - 1)
     assert math.isclose(g.loc["grace", "benefit ratio"], (6 - 1) / (math.sqrt(6) - 1))
+    assert f"(a benefit ratio above 2); these records give {(6 - 1) / (math.sqrt(6) - 1):.2f}." in report.summary(records)
     assert "mlp eval b1" in report.per_workload(records).index
     c = report.caveats(records)
     assert c.loc["EOS", "not ok"] == "grace: failed: " and c.loc["ALNET", "measured at"] == "commit unknown"
