@@ -37,13 +37,20 @@ def _models(group: str) -> dict[str, list[str]]:
     return models
 
 
+def _overrides(args: list[str]) -> list | None:
+    """The command line's overrides, parsed as Hydra parses them; None where they are malformed (Hydra
+    reports those itself)."""
+    try:
+        return OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+    except HydraException:
+        return None
+
+
 def unknown_choice(args: list[str]) -> str | None:
     """One line naming the first unknown workload or variant on the command line, before Hydra's longer
     message: what is known is what conf/<group>/ holds."""
-    try:
-        overrides = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
-    except HydraException:
-        return None  # Hydra reports malformed overrides itself
+    if (overrides := _overrides(args)) is None:
+        return None
     for o in overrides:
         if o.key_or_group not in ("workload", "variant"):
             continue
@@ -61,10 +68,8 @@ def unknown_choice(args: list[str]) -> str | None:
 def refused_override(args: list[str]) -> str | None:
     """One line for the first override the config refuses (a value of the wrong type, a key it lacks),
     in place of Hydra's several: the config composed as a job's would be, once per value of a sweep."""
-    try:
-        overrides = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
-    except HydraException:
-        return None  # Hydra reports malformed overrides itself
+    if (overrides := _overrides(args)) is None:
+        return None
     values = [[f"{o.input_line.split('=', 1)[0]}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
               else [o.input_line] for o in overrides if not o.key_or_group.startswith("hydra")]
     first = [v[0] for v in values]
