@@ -23,7 +23,7 @@ import pandas as pd
 import seaborn as sns
 
 from experiments import stats, workloads
-from experiments.records import Record, latest, padded_apart, session_baselines
+from experiments.records import Record, Selection, latest, padded_apart, session_baselines
 
 TP_EXPERIMENT = "tp"  # conf/experiment/tp.yaml: the records of Fig 11
 KEY = ["workload", "mode", "batch", "size", "variant", "run", "tp"]
@@ -57,17 +57,33 @@ def padded_otherwise(records: Iterable[Record]) -> dict[tuple[str, str], list[st
     return {key: variants for key, variants in apart.items() if variants}
 
 
-def frame(records: Iterable[Record], baseline_beside: str | None = None) -> pd.DataFrame:
+def one_session(records: Iterable[Record], variants: Sequence[str]) -> dict[Selection, Record]:
+    """Per workload (and run and TP degree), the records of `variants` from the newest session where every
+    one of them was ok: what a comparison of them takes, so that no ratio between two bars crosses
+    sessions. Workloads with no such session are left out."""
+    sessions: dict[tuple, dict[str, Record]] = {}
+    for r in records:  # oldest first: each variant's newest record in the session counts
+        if r.variant in variants and r.status != "interrupted":
+            sessions.setdefault(r.key.in_session(r.session), {})[r.variant] = r
+    chosen: dict[Selection, tuple[str, dict[str, Record]]] = {}
+    for (_, workload), got in sessions.items():
+        date = max(r.env.get("date", "") for r in got.values())
+        whole = len(got) == len(set(variants)) and all(r.status == "ok" for r in got.values())
+        if whole and date >= chosen.get(workload, ("",))[0]:
+            chosen[workload] = (date, got)
+    return {r.key: r for _, got in chosen.values() for r in got.values()}
+
+
+def frame(records: Iterable[Record], together: Sequence[str] = ()) -> pd.DataFrame:
     """One row per key: the latest record (records.latest; records are taken oldest first), with
     `baseline_ms`, the median of the baseline measured in its session (empty where none was ok). With
-    `baseline_beside` (a variant), the baseline's row is the one of that variant's session where it has an ok
-    one: a workload measured in parts has the baseline in each, and the newest may not be beside it."""
+    `together` (variants to compare), their rows and the baseline's come from one session per workload
+    (one_session); a workload with none keeps its latest, and `session` tells them apart."""
     records = list(records)
     anchors = {k: r for k, r in session_baselines(records, BASELINE).items() if r.status == "ok"}
     newest = latest(records)
-    for r in list(newest.values()):
-        if r.variant == baseline_beside and (anchor := anchors.get(r.key.in_session(r.session))):
-            newest[anchor.key] = anchor
+    if together:
+        newest.update(one_session(records, [BASELINE, *together]))
     # a floor compiled otherwise than the workload's variants is no floor under them (DGPT2's lay above them)
     no_floor = {key for key, variants in padded_otherwise(newest.values()).items() if FLOOR in variants}
     rows = []
@@ -283,12 +299,13 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
     """Bars of speedup over `inductor` per workload plus geomean. Variants default to every one recorded
     but the baseline; workloads are sorted by the last variant's speedup over the first's. `noise`: the
     workers' noise and its count of A/A controls (worker_noise), by default from these records'."""
-    df = frame(records)
-    noise = worker_noise(df) if noise is None else noise
+    records = list(records)
     if variants is None:
         order = list(LABELS)  # the paper's order; variants of one's own come after, by name
-        recorded = sorted(df["variant"].unique(), key=lambda v: (order.index(v) if v in order else len(order), v))
+        recorded = sorted({r.variant for r in records}, key=lambda v: (order.index(v) if v in order else len(order), v))
         variants = [v for v in recorded if v != BASELINE] or [BASELINE]
+    df = frame(records, together=variants)
+    noise = worker_noise(df) if noise is None else noise
     table = speedups(df, [*variants, *([overlay] if overlay else [])])
     order = (table[variants[-1]] / table[variants[0]]).sort_values(na_position="last").index
     table = with_geomean(table.reindex(order))
@@ -301,7 +318,7 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
                 f"speedup over {LABELS[BASELINE]}",
                 table[overlay] if overlay else None, absent=absent,
                 errors=geomean_errors(table, intervals(df, table[list(variants)], noise[0])),
-                footnote="\n".join(filter(None, [_noise_note(noise), footnote])))
+                footnote="\n".join(filter(None, [_noise_note(noise), _apart(df, variants), footnote])))
     return _save(fig, table, out, name)
 
 
@@ -310,7 +327,7 @@ def floor_figure(records: Iterable[Record], out: Path, variants: Sequence[str] =
     """Bars of each variant's time over the floor measured beside it (the step as one CUDA graph), per
     workload and geomean, with the intervals widened by `noise` (as speedup_figure's); None where no
     record has a floor."""
-    df = frame(records)
+    df = frame(records, together=[v for v in variants if v != BASELINE])
     noise = worker_noise(df) if noise is None else noise
     table = _ok(df, "over_floor").reindex(columns=list(variants)) if len(df) else pd.DataFrame()
     if table.isna().all().all():
@@ -319,7 +336,8 @@ def floor_figure(records: Iterable[Record], out: Path, variants: Sequence[str] =
     lo, hi = (_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("floor_lo", "floor_hi"))
     fig = _bars(table, f"Time over the floor ({_measured(df, [*variants, 'floor'], table.index)})",
                 "time / floor (the step as one CUDA graph)",
-                errors=geomean_errors(table, widen(table, lo, hi, noise[0])), footnote=_noise_note(noise))
+                errors=geomean_errors(table, widen(table, lo, hi, noise[0])),
+                footnote="\n".join(filter(None, [_noise_note(noise), _apart(df, variants)])))
     return _save(fig, table, out, name)
 
 
@@ -343,6 +361,14 @@ def _measured(df: pd.DataFrame, variants: Sequence[str], labels: Sequence[str]) 
     codes = sorted(set(df.loc[drawn, "measured_at"]))
     at = f"at {codes[0]}" if len(codes) == 1 else f"records of {len(codes)} versions of the code" if codes else ""
     return ", ".join(filter(None, [_devices(df), at]))
+
+
+def _apart(df: pd.DataFrame, variants: Sequence[str]) -> str:
+    """A footnote naming the workloads whose ok bars of `variants` and the baseline come from more than
+    one session (frame's `together` found none with all of them): their ratios cross sessions."""
+    drawn = df[df["variant"].isin([BASELINE, *variants]) & (df["status"] == "ok")]
+    apart = sorted(label for label, n in drawn.groupby("label")["session"].nunique().items() if n > 1)
+    return f"bars from more than one session: {', '.join(apart)}" if apart else ""
 
 
 def _absent(df: pd.DataFrame, variants: list[str]) -> tuple[pd.DataFrame, str]:
@@ -388,21 +414,13 @@ def tp_figure(records: Iterable[Record], out: Path, variants: Sequence[str] = ("
     against GraCE (the slowest rank's iterations), from the tp experiment's records; None without any.
     The variants of a workload and degree are compared within one session, the newest where all were
     ok; where none has them all, their bars are drawn as missing, and the footnote says why."""
-    sessions: dict[tuple[str, int], dict[str, dict[str, Record]]] = {}
-    for r in records:
-        if r.status == "ok" and r.variant in variants:
-            sessions.setdefault((label(*r.key.entry), r.tp), {}).setdefault(r.session, {})[r.variant] = r
-    if not sessions:
+    drawn = {(label(*r.key.entry), r.tp) for r in records if r.status == "ok" and r.variant in variants}
+    if not drawn:
         return None
-    chosen, apart = [], []
-    for (name, tp), by_session in sorted(sessions.items()):
-        whole = [s for s in by_session.values() if len(s) == len(variants)]
-        if whole:
-            chosen += max(whole, key=lambda s: max(r.env.get("date", "") for r in s.values())).values()
-        else:
-            apart.append(f"{name} TP{tp}")
-    bars = [f"{LABELS.get(v, v)} TP{t}" for v in variants for t in sorted({tp for _, tp in sessions})]
-    table = pd.DataFrame(index=sorted({name for name, _ in sessions}), columns=bars, dtype=float)
+    chosen = list(one_session(records, variants).values())
+    apart = [f"{name} TP{tp}" for name, tp in sorted(drawn - {(label(*r.key.entry), r.tp) for r in chosen})]
+    bars = [f"{LABELS.get(v, v)} TP{t}" for v in variants for t in sorted({tp for _, tp in drawn})]
+    table = pd.DataFrame(index=sorted({name for name, _ in drawn}), columns=bars, dtype=float)
     for r in chosen:
         table.at[label(*r.key.entry), f"{LABELS.get(r.variant, r.variant)} TP{r.tp}"] = r.median_ms
     table.index.name = "workload"

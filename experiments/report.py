@@ -12,7 +12,7 @@ import pandas as pd
 
 from experiments import stats
 from experiments.figures import (BASELINE, acronym, frame, geomean_interval, intervals, json_lines, label, measured_at,
-                                 padded_otherwise, speedups, widen, worker_noise)
+                                 one_session, padded_otherwise, speedups, widen, worker_noise)
 from experiments.records import Record, latest, valid_since
 
 
@@ -36,7 +36,7 @@ def shortfall(records: Iterable[Record]) -> pd.DataFrame:
     """Per workload, what stock CUDA graphs (pt2_cg) did: graphs per iteration, share of kernels in
     graphs, bytes copied into graph inputs, time against `inductor`, Dynamo's graph breaks and why (a
     frame Dynamo skipped runs eager), Inductor's reasons for skipping graphs."""
-    df = frame(records, baseline_beside="pt2_cg")
+    df = frame(records, together=["pt2_cg"])
     cg, base = _ok(df, "pt2_cg"), _ok(df, BASELINE)["median_ms"]
     table = pd.DataFrame({
         "graphs/iter": cg["graphs"],
@@ -93,10 +93,10 @@ def _values(df: pd.DataFrame, column: str) -> str:
 
 
 def _paper_speedups(records: Sequence[Record], variants: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The records' frame (the baseline's session: that of the last variant), its ok rows of the baseline
+    """The records' frame (the variants and the baseline from one session per workload), its ok rows of the baseline
     and `variants`, and their speedups over the paper's workloads (acronyms): the headline numbers are over those, as the
     paper's are; the extra and smoke workloads stay in the per-workload table."""
-    df = frame(records, baseline_beside=variants[-1])  # the medians and floors of the baseline beside GraCE
+    df = frame(records, together=variants)
     used = df[(df["status"] == "ok") & df["variant"].isin([BASELINE, *variants])]
     speed = speedups(df, list(variants))
     return df, used, speed.loc[speed.index.isin(used.loc[used["paper"], "label"])]
@@ -322,10 +322,15 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
 def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> str:
     """The sessions with an A/A control: per workload, the baseline's second worker over its first (the
     session's noise) and each variant's speedup, each with its 95 % interval and whether it is a win, a
-    loss or within noise; the newest such session of each workload."""
+    loss or within noise; per workload, the newest session with all of them ok, else the newest with the
+    A/A control."""
     aa = f"{BASELINE}_aa"
-    sessions = {r.session for r in records if r.variant == aa and r.status == "ok"}
-    chosen = latest(r for r in records if r.session in sessions)
+    newest = {}  # workload -> its newest session with an A/A control (records oldest first)
+    for r in records:
+        if r.variant == aa and r.status == "ok":
+            newest[r.key.in_session(r.session)[1]] = r.session
+    chosen = latest(r for r in records if newest.get(r.key.in_session(r.session)[1]) == r.session)
+    chosen.update(one_session(records, [aa, *variants]))
     tau, n = worker_noise(frame(chosen.values()))
     rows = {}
     for r in chosen.values():

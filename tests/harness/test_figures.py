@@ -5,7 +5,7 @@ import re
 import pandas as pd
 import pytest
 
-from experiments import figures
+from experiments import figures, report
 from experiments.records import KernelStats, Record
 from scripts import make_figures
 
@@ -48,6 +48,28 @@ def test_each_variant_of_a_workload_measured_in_parts_is_divided_by_its_own_sess
         {"inductor": 8.0, "cgct": 4.0, "grace": 8.0, "pi": math.nan}, nan_ok=True)
     table = figures.speedups(df, ["cgct", "grace", "pi"])
     assert table.loc["a eval b1"].to_dict() == {"cgct": 2.0, "grace": 4.0, "pi": 8.0}
+
+
+def test_a_workload_split_in_two_sessions_is_compared_within_each(tmp_path, monkeypatch):
+    def at(session, date, *measured):
+        return [dataclasses.replace(rec("a", v, ms), session=session, env={"gpu": "NVIDIA H200", "date": date})
+                for v, ms in measured]
+
+    fig9 = at("fig9", "2026-12-01", ("inductor", 4.0), ("pt2_cg", 2.0), ("grace", 1.0))
+    fig10 = at("fig10", "2026-12-02", ("inductor", 8.0), ("grace", 4.0), ("cgct", 4.0), ("cgct_pi", 2.0))
+    figures.speedup_figure(fig9 + fig10, tmp_path, ["pt2_cg", "grace"], "fig9")
+    assert pd.read_csv(tmp_path / "fig9.csv", index_col="workload").loc["a eval b1"].to_dict() == {
+        "pt2_cg": 2.0, "grace": 4.0}  # grace of pt2_cg's session, not the newer one's 2.0
+    figures.speedup_figure(fig9 + fig10, tmp_path, ["cgct", "cgct_pi", "grace"], "fig10")
+    assert pd.read_csv(tmp_path / "fig10.csv", index_col="workload").loc["a eval b1"].to_dict() == {
+        "cgct": 2.0, "cgct_pi": 4.0, "grace": 2.0}
+    assert report.per_workload(fig9 + fig10).loc["a eval b1", "grace speedup over inductor"] == 4.0
+    # no session with both: the newest of each is drawn, and the footnote says the ratio crosses sessions
+    notes = []
+    real = figures._bars
+    monkeypatch.setattr(figures, "_bars", lambda *a, **k: notes.append(k["footnote"]) or real(*a, **k))
+    figures.speedup_figure(fig9[:2] + fig10, tmp_path, ["pt2_cg", "grace"], "fig9")
+    assert "bars from more than one session: a eval b1" in notes[0].splitlines()
 
 
 def test_geomean_per_variant_when_no_workload_has_them_all():

@@ -331,6 +331,20 @@ def test_the_workers_noise_is_what_the_aa_controls_show_beyond_their_rounds_and_
     assert re.search(r"1\.200 \[1\.0\d\d, 1\.3\d\d\] win", text)
 
 
+def test_each_row_of_the_noise_table_is_one_session():
+    def session(name, date, **speedups):
+        made = [rec("a", "inductor", 1.0)] + [rec("a", v, 1 / x) for v, x in speedups.items()]
+        for r in made:
+            r.session, r.env = name, {**r.env, "date": date}
+            r.speedup, r.speedup_ci = 1 / r.median_ms, [0.99 / r.median_ms, 1.01 / r.median_ms]
+        return made
+
+    fig9 = session("fig9", "2026-12-01", inductor_aa=1.0, pt2_cg=2.0, grace=2.5)
+    fig10 = session("fig10", "2026-12-02", inductor_aa=1.0, grace=3.0, cgct=2.0)  # newer, without pt2_cg
+    text = report.noise(fig9 + fig10)
+    assert re.search(r"\| a eval b1 \| 1\.000 \[[^|]*\| 2\.000 [^|]*\| 2\.500 ", text)  # not fig10's 3.0 beside it
+
+
 def test_grace_against_the_best_stock_variant_is_judged_on_its_sessions_rounds():
     jitter = random.Random(1)
 
