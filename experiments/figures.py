@@ -318,7 +318,7 @@ def speedup_figure(records: Iterable[Record], out: Path, variants: Sequence[str]
                 f"speedup over {LABELS[BASELINE]}",
                 table[overlay] if overlay else None, absent=absent,
                 errors=geomean_errors(table, intervals(df, table[list(variants)], noise[0])),
-                footnote="\n".join(filter(None, [_noise_note(noise), _apart(df, variants), footnote])))
+                footnote="\n".join(filter(None, [_noise_note(noise), _apart(df, variants, overlay), footnote])))
     return _save(fig, table, out, name)
 
 
@@ -363,12 +363,19 @@ def _measured(df: pd.DataFrame, variants: Sequence[str], labels: Sequence[str]) 
     return ", ".join(filter(None, [_devices(df), at]))
 
 
-def _apart(df: pd.DataFrame, variants: Sequence[str]) -> str:
+def _apart(df: pd.DataFrame, variants: Sequence[str], overlay: str | None = None) -> str:
     """A footnote naming the workloads whose ok bars of `variants` and the baseline come from more than
-    one session (frame's `together` found none with all of them): their ratios cross sessions."""
-    drawn = df[df["variant"].isin([BASELINE, *variants]) & (df["status"] == "ok")]
-    apart = sorted(label for label, n in drawn.groupby("label")["session"].nunique().items() if n > 1)
-    return f"bars from more than one session: {', '.join(apart)}" if apart else ""
+    one session (frame's `together` found none with all of them), and those whose `overlay` marker
+    comes from another session than their bars: their ratios cross sessions."""
+    ok = df[df["status"] == "ok"]
+    drawn = ok[ok["variant"].isin([BASELINE, *variants])]
+    sessions = drawn.groupby("label")["session"].agg(set)
+    lines = [("bars from more than one session", sorted(w for w, s in sessions.items() if len(s) > 1))]
+    if overlay:
+        marker = ok[ok["variant"] == overlay].set_index("label")["session"]
+        lines.append((f"{LABELS.get(overlay, overlay)} markers from another session than the bars",
+                      sorted(w for w, s in marker.items() if w in sessions and s not in sessions[w])))
+    return "\n".join(f"{what}: {', '.join(workloads)}" for what, workloads in lines if workloads)
 
 
 def _absent(df: pd.DataFrame, variants: list[str]) -> tuple[pd.DataFrame, str]:

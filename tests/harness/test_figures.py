@@ -70,6 +70,9 @@ def test_a_workload_split_in_two_sessions_is_compared_within_each(tmp_path, monk
     monkeypatch.setattr(figures, "_bars", lambda *a, **k: notes.append(k["footnote"]) or real(*a, **k))
     figures.speedup_figure(fig9[:2] + fig10, tmp_path, ["pt2_cg", "grace"], "fig9")
     assert "bars from more than one session: a eval b1" in notes[0].splitlines()
+    figures.speedup_figure(fig9 + fig10, tmp_path, ["cgct", "grace"], "fig10", overlay="pt2_cg")
+    assert "PyTorch2-CG markers from another session than the bars: a eval b1" in notes[1].splitlines()
+    assert "bars from more than one session" not in notes[1]
 
 
 def test_geomean_per_variant_when_no_workload_has_them_all():
