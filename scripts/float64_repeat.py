@@ -1,0 +1,109 @@
+"""Stock Inductor on a workload's float64 copy, compiled again and again in fresh processes: is its float64
+error a property of the program, or of one compile? Each run is a process of its own with Inductor's and
+Triton's caches in a folder: `cold` a new, empty one, `warm` the folder of the first cold run (what a later
+variant set up with shared caches gets), either optionally with environment settings (`cold:NAME=VALUE`).
+A run compares steps 1 and 2 and a step rewound to the initial state with eager float64 of the same process
+(rel_err as the harness computes it, experiments/numerics.py), and prints one JSON line.
+
+    python scripts/float64_repeat.py MTCG-I --plan cold,warm,cold,cold:TORCHINDUCTOR_DYNAMIC_SCALE_RBLOCK=0
+    python scripts/float64_repeat.py DR-T --size tiny --device cpu --plan cold,warm
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from experiments import workloads  # noqa: E402
+from experiments.numerics import compare  # noqa: E402
+from experiments.task import Task  # noqa: E402
+
+FLOORS = {"float64": 1e-6}  # as conf/measure/default.yaml: a part fails above it
+
+
+def resolve(acronym: str) -> tuple[str, str]:
+    """(workload name, mode) of the paper's acronym, or of 'name:mode'."""
+    if ":" in acronym:
+        name, mode = acronym.split(":", 1)
+        return name, mode
+    for name in workloads.names():
+        for mode, paper in workloads.get(name).acronyms.items():
+            if paper == acronym:
+                return name, mode
+    raise SystemExit(f"error: unknown workload {acronym!r} (a paper acronym, or name:mode)")
+
+
+def child(name: str, mode: str, size: str, device: str, seed: int) -> dict:
+    """One run: eager float64 and stock Inductor's float64 copy, steps compared part by part."""
+    task = Task(workloads.get(name)(mode, None, size, device), seed)
+    ref, got = task.twin(torch.float64), task.twin(torch.float64)
+    del task
+    ref.keep_initial()
+    got.keep_initial()
+    want = [ref.observe(ref.target), ref.observe(ref.target)]
+    del ref
+    t0 = time.perf_counter()
+    # as the harness's float64 check compiles (experiments/bench.py: Inductor's mix-order reduction
+    # does not compile in float64)
+    with torch._inductor.config.patch({"triton.mix_order_reduction": False}):
+        fn = torch.compile(got.target)
+        steps = {"step 1": (got.observe(fn), 0), "step 2": (got.observe(fn), 1)}
+        compile_s = time.perf_counter() - t0
+        got.rewind()
+        steps["a rewound step"] = (got.observe(fn), 0)
+    parts = {}
+    for when, (observed, i) in steps.items():
+        for part, value in observed.items():
+            n = compare(value, want[i][part], want[i][part], torch.float64, FLOORS, 1.0)
+            parts[f"{part} at {when}"] = {"rel_err": n.rel_err, "max_abs_err": n.max_abs_err, "passed": n.passed}
+    return {"compile_s": round(compile_s, 1), "passed": all(p["passed"] for p in parts.values()), "parts": parts}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workload", help="the paper's acronym (MTCG-I), or name:mode")
+    p.add_argument("--plan", default="cold,warm,cold", help="runs, comma-separated: cold | warm, each "
+                   "optionally :NAME=VALUE[:NAME=VALUE] for its environment")
+    p.add_argument("--size", default="full", choices=["full", "tiny"])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    name, mode = resolve(args.workload)
+    if args.child:
+        print(json.dumps(child(name, mode, args.size, args.device, args.seed)))
+        return 0
+    runs = [r.split(":") for r in args.plan.split(",")]
+    if any(r[0] not in ("cold", "warm") or any("=" not in kv for kv in r[1:]) for r in runs):
+        raise SystemExit(f"error: --plan {args.plan!r}: each run is cold or warm, then :NAME=VALUE settings")
+    root = Path(tempfile.mkdtemp(prefix="float64_repeat_"))
+    first_cold = None
+    for i, (cache, *settings) in enumerate(runs):
+        folder = first_cold if cache == "warm" and first_cold else root / f"run{i}"
+        first_cold = first_cold or (folder if cache == "cold" else None)
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
+               "TRITON_CACHE_DIR": str(folder / "triton"), **dict(kv.split("=", 1) for kv in settings)}
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, __file__, args.workload, "--child", "--size", args.size,
+                               "--device", args.device, "--seed", str(args.seed)],
+                              env=env, capture_output=True, text=True)
+        line = {"run": i, "cache": cache, "settings": settings, "workload": f"{name} {mode} {args.size}",
+                "torch": torch.__version__, "wall_s": round(time.perf_counter() - t0, 1)}
+        if proc.returncode == 0:
+            line.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        else:
+            line["error"] = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        print(json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
