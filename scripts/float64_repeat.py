@@ -1,6 +1,6 @@
 """Stock Inductor on a workload's float64 copy, compiled again and again in fresh processes: is its float64
 error a property of the program, or of one compile? Each run is a process of its own with Inductor's and
-Triton's caches in a folder: `cold` a new, empty one, `warm` the folder of the first cold run (what a later
+Triton's caches in a folder: `cold` a new, empty one, `warm` the folder of the first run (cold) (what a later
 variant set up with shared caches gets), either optionally with environment settings (`cold:NAME=VALUE`).
 A run compares steps 1 and 2 and a step rewound to the initial state with eager float64 of the same process
 (rel_err as the harness computes it, experiments/numerics.py), and prints one JSON line.
@@ -82,13 +82,12 @@ def main(argv=None) -> int:
         print(json.dumps(child(name, mode, args.size, args.device, args.seed)))
         return 0
     runs = [r.split(":") for r in args.plan.split(",")]
-    if any(r[0] not in ("cold", "warm") or any("=" not in kv for kv in r[1:]) for r in runs):
-        raise SystemExit(f"error: --plan {args.plan!r}: each run is cold or warm, then :NAME=VALUE settings")
+    if any(r[0] not in ("cold", "warm") or any("=" not in kv for kv in r[1:]) for r in runs) or runs[0][0] != "cold":
+        raise SystemExit(f"error: --plan {args.plan!r}: each run is cold or warm, then :NAME=VALUE settings; "
+                         "the first is cold")
     root = Path(tempfile.mkdtemp(prefix="float64_repeat_"))
-    first_cold = None
     for i, (cache, *settings) in enumerate(runs):
-        folder = first_cold if cache == "warm" and first_cold else root / f"run{i}"
-        first_cold = first_cold or (folder if cache == "cold" else None)
+        folder = root / ("run0" if cache == "warm" else f"run{i}")
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
                "TRITON_CACHE_DIR": str(folder / "triton"), **dict(kv.split("=", 1) for kv in settings)}
         t0 = time.perf_counter()

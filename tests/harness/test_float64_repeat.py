@@ -30,6 +30,7 @@ def test_a_one_percent_error_fails_every_step(monkeypatch):
 def test_acronyms_and_bad_plans_are_named():
     assert float64_repeat.resolve("MTCG-I") == ("mt5", "eval")
     assert float64_repeat.resolve("mlp:train") == ("mlp", "train")
-    for argv, says in ((["NOPE"], "unknown workload"), (["MTCG-I", "--plan", "hot"], "each run is cold or warm")):
+    for argv, says in ((["NOPE"], "unknown workload"), (["MTCG-I", "--plan", "hot"], "each run is cold or warm"),
+                       (["MTCG-I", "--plan", "warm,cold"], "the first is cold")):
         with pytest.raises(SystemExit, match=says):
             float64_repeat.main(argv)
