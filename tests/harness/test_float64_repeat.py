@@ -5,7 +5,7 @@ from scripts import float64_repeat
 
 
 def _compile_as(perturb):
-    """torch.compile replaced by eager, with `perturb` applied to the first output tensor."""
+    """torch.compile replaced by eager, with `perturb` applied to the output."""
     def compile(target):
         def run(*args, **kwargs):
             out = target(*args, **kwargs)
