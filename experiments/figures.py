@@ -444,12 +444,16 @@ def single_gpu(records: Iterable[Record]) -> list[Record]:
     return [r for r in records if r.tp == 1 and r.experiment != TP_EXPERIMENT]
 
 
+# experiments whose records are not the sweep's (experiments/corpus, experiments/mutation): read by their own readers
+OWN_FORMATS = ("corpus", "mutation")
+
+
 def load(results: Path, device: str, experiments: Sequence[str] | None = None) -> tuple[list[Record], list[Record]]:
     """Every record of `device` under `results` (of `experiments`, default all), oldest first, and those the
     figures use: made since their workload's last revision, run 0 (later runs only measure the spread)."""
     from experiments.records import RecordStore, current
 
-    paths = sorted(results.glob(f"*/{device}/records.jsonl"))
+    paths = [q for q in sorted(results.glob(f"*/{device}/records.jsonl")) if q.parent.parent.name not in OWN_FORMATS]
     if experiments:
         paths = [q for q in paths if q.parent.parent.name in experiments]
     every = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))

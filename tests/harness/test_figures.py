@@ -131,6 +131,17 @@ def test_make_figures_script(tmp_path):
     assert make_figures.main(["--results", str(tmp_path / "nothing")]) == 2
 
 
+def test_load_reads_the_sweeps_records_and_leaves_other_formats_to_their_readers(tmp_path, caplog):
+    for experiment, lines in (("full", [r.to_json() for r in RECORDS]),
+                              ("corpus", ['{"program": "zoo.mlp", "kernels": 3}']),
+                              ("mutation", ['{"caught": true, "workload": "a", "variant": "drop_residual"}'])):
+        path = tmp_path / experiment / "nvidia-h200" / "records.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(line + "\n" for line in lines))
+    every, _ = figures.load(tmp_path, "nvidia-h200")
+    assert len(every) == len(RECORDS) and "unreadable" not in caplog.text
+
+
 def test_paper_workloads_are_labelled_by_their_acronym():
     r = rec("xlnet", "inductor", 1.0)
     assert figures.frame([r])["label"].tolist() == ["XLNET-I"]
