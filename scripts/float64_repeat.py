@@ -3,10 +3,9 @@ error a property of the program, of one compile, or of one run? Each run is a pr
 Inductor's and Triton's caches in a folder: `cold` a new, empty one, `warm` the first run's (which is cold:
 what a later variant set up with shared caches gets), either optionally with environment settings
 (`cold:NAME=VALUE`) or in PyTorch's deterministic mode (`cold:deterministic`: deterministic algorithms,
-empty tensors filled with NaN, and Inductor choosing its kernels' configs without timing them). A
-run compares steps 1 and 2 and two steps rewound to the initial state with eager
-float64 of the same process (rel_err as the harness computes it, experiments/numerics.py), and prints one
-JSON line with: whether the rewound steps repeat step 1 bit for bit (a compiled program that does not is
+empty tensors filled with NaN, and Inductor choosing its kernels' configs without timing them). A run
+compares steps 1 and 2 and two steps rewound to the initial state with eager float64 of the same process
+(rel_err as the harness computes it, experiments/numerics.py), and prints one JSON line with: whether the rewound steps repeat step 1 bit for bit (a compiled program that does not is
 nondeterministic at run time: a race, or a read of memory it never wrote), where a failing part is off
 (which indices of its first two dimensions), and the configs Inductor's autotuner chose for the kernels it
 timed (a config chosen by timing differs from process to process).
@@ -105,6 +104,7 @@ def child(name: str, mode: str, size: str, device: str, seed: int, deterministic
     chosen = _Chosen()
     autotuner = logging.getLogger("torch._inductor.runtime.triton_heuristics")
     autotuner.addHandler(chosen)
+    level = autotuner.level
     autotuner.setLevel(logging.DEBUG)
     t0 = time.perf_counter()
     # as the harness's float64 check compiles (experiments/bench.py: Inductor's mix-order reduction
@@ -118,6 +118,7 @@ def child(name: str, mode: str, size: str, device: str, seed: int, deterministic
             got.rewind()
             steps[when] = (got.observe(fn), 0)
     autotuner.removeHandler(chosen)
+    autotuner.setLevel(level)
     floor = float(FLOORS["float64"])
     parts, where = {}, {}
     for when, (observed, i) in steps.items():
