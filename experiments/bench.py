@@ -95,9 +95,11 @@ class Setup:
 
 def capture_out_of_memory(start: int) -> str | None:
     """Why the grace backend left a partition of this process (of the start-th graph on) without a CUDA
-    graph, if it was a capture that ran out of GPU memory (a condition of the machine, other workers
-    beside this one, not of GraCE's choosing: the sweep sets such a variant up again on its own)."""
-    return next((reason for reason in grace.without_graph_reasons(start) if "OutOfMemoryError" in reason), None)
+    graph or without PI, if a capture or PI's check ran out of GPU memory (a condition of the machine,
+    other workers beside this one, not of GraCE's choosing: the sweep sets such a variant up again on
+    its own)."""
+    reasons = grace.without_graph_reasons(start) + grace.copied_reasons(start)
+    return next((reason for reason in reasons if "OutOfMemoryError" in reason), None)
 
 
 def _host(observation: dict[str, Any]) -> dict[str, Any]:
@@ -265,7 +267,7 @@ class Bench:
                 timed.append(time.perf_counter())  # after the first step, and after the warm-up
             if step is None:
                 if oom := capture_out_of_memory(self._graphs_from):  # it would be measured without its graphs
-                    raise torch.OutOfMemoryError(f"GraCE left a partition without a CUDA graph: {oom}")
+                    raise torch.OutOfMemoryError(f"GraCE left a partition without its graph or PI: {oom}")
             elif judged:
                 self._judge(results, when, step, observation, yardsticks, self.task.compute_dtype)
         numerics = judge(results) if judged else None

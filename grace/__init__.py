@@ -6,4 +6,4 @@
 """
 
 from grace.backend import REPORTS, Options, grace_backend, reset  # noqa: F401  (registers backend="grace")
-from grace.explain import explain, explain_call, without_graph_reasons  # noqa: F401
+from grace.explain import copied_reasons, explain, explain_call, without_graph_reasons  # noqa: F401

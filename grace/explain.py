@@ -120,6 +120,12 @@ def without_graph_reasons(start: int = 0) -> list[str]:
     return [s.reason for g in backend.REPORTS[start:] for s in g.partitions if s.reason]
 
 
+def copied_reasons(start: int = 0) -> list[str]:
+    """Why partitions of the graphs compiled in this process (from the start-th on) copy inputs that PI
+    would read in place (PI's own limits, or PI failed and the partition fell back to copies)."""
+    return [why for g in backend.REPORTS[start:] for s in g.partitions for why in s.pi_reasons]
+
+
 def explain_call(call: Callable[[], Any], start: int = 0) -> Explanation:
     """Run `call` once more and explain it: the graphs the grace backend compiled in this process (from
     the start-th on) with what each partition did during that call."""

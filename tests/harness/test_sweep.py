@@ -439,10 +439,12 @@ def test_a_variant_with_its_own_dynamo_settings_traces_what_stock_dynamo_skips(m
     assert scalars.unique_graphs >= 1 and not any("frame skipped" in r for r in scalars.graph_break_reasons)
 
 
-def test_a_capture_out_of_memory_fails_the_setup_as_an_out_of_memory(tmp_path, monkeypatch):
-    """GraCE runs a partition whose capture ran out of GPU memory without its graph (never the user's
-    problem); the harness would then measure a variant without its graphs. Its setup fails instead, as
-    out of memory, so the sweep sets it up again on its own (the test above)."""
+@pytest.mark.parametrize("fallback", ["capture", "pi"])
+def test_a_capture_out_of_memory_fails_the_setup_as_an_out_of_memory(tmp_path, monkeypatch, fallback):
+    """GraCE runs a partition whose capture ran out of GPU memory without its graph, and one whose PI
+    check did with copies (never the user's problem); the harness would then measure a variant without
+    its graphs or PI. Its setup fails instead, as out of memory, so the sweep sets it up again on its own
+    (the test above)."""
     import grace
     from experiments.bench import Bench, Spec
     from experiments.variants import Variant
@@ -454,7 +456,9 @@ def test_a_capture_out_of_memory_fails_the_setup_as_an_out_of_memory(tmp_path, m
     reference = str(tmp_path / "reference.pt")
     Bench(spec).reference(reference)
     assert Bench(spec).setup(reference).numerics.passed
-    oom = "capture failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB."
+    oom = f"{fallback} failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB."
+    degraded = (dict(status=Status.EAGER, reason=oom) if fallback == "capture"
+                else dict(status=Status.CAPTURED, pi_reasons=[oom]))
     reports = list(backend.REPORTS)
     monkeypatch.setattr(backend, "REPORTS", reports)
     monkeypatch.setattr(grace, "REPORTS", reports)
@@ -464,11 +468,11 @@ def test_a_capture_out_of_memory_fails_the_setup_as_an_out_of_memory(tmp_path, m
         fn = prepare(bench, task)
         if task is bench.task:
             reports.append(GraphReport(0, Options(), partitions=[
-                Stats(0, False, 0), Stats(0, True, 1, status=Status.EAGER, reason=oom)]))
+                Stats(0, False, 0), Stats(0, True, 1, **degraded)]))
         return fn
 
     monkeypatch.setattr(Bench, "_prepare", measured_instance_runs_out)
-    with pytest.raises(torch.OutOfMemoryError, match="GraCE left a partition without a CUDA graph: capture failed") as e:
+    with pytest.raises(torch.OutOfMemoryError, match=f"GraCE left a partition without its graph or PI: {fallback} failed") as e:
         Bench(spec).setup(reference)
     assert out_of_memory(f"setup: {type(e.value).__name__}: {e.value}")
 
