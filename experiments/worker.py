@@ -34,18 +34,25 @@ def _serve(conn, spec: Spec) -> None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
             os.environ["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
         bench = TPBench(spec) if spec.tp > 1 else Bench(spec)
-        while True:
-            try:
-                method, args = conn.recv()
-            except EOFError:
-                return
-            if method == "close":
-                bench.close()
-                return
-            try:
-                conn.send(("ok", getattr(bench, method)(*args)))
-            except Exception as e:  # reported to the parent, which records it
-                conn.send(("error", f"{method}: {type(e).__name__}: {e}".splitlines()[0]))
+        try:
+            _answer(conn, bench)
+        except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent records and closes
+            return
+
+
+def _answer(conn, bench) -> None:
+    while True:
+        try:
+            method, args = conn.recv()
+        except EOFError:
+            return
+        if method == "close":
+            bench.close()
+            return
+        try:
+            conn.send(("ok", getattr(bench, method)(*args)))
+        except Exception as e:  # reported to the parent, which records it
+            conn.send(("error", f"{method}: {type(e).__name__}: {e}".splitlines()[0]))
 
 
 def _context():

@@ -598,3 +598,23 @@ def test_the_optimizers_step_is_compiled_with_the_variant_when_asked(tmp_path):
     bench = Bench(spec)
     assert bench.setup(reference).numerics.passed
     assert bench.task.optimizer_step != bench.task.optimizer.step  # the compiled one, which the step calls
+
+
+def test_a_waiting_worker_stopped_by_ctrl_c_exits_quietly(capfd):
+    """Ctrl-C reaches every process of the group: a worker waiting for its next request leaves it to
+    the parent (which records the workload as interrupted), with no traceback of its own."""
+    import os
+    import signal
+
+    from experiments.bench import Spec
+    from experiments.variants import Variant
+    from experiments.worker import Worker
+
+    spec = Spec("mlp", "eval", None, "tiny", Variant("eager"), "cpu", 0, 1, {"float64": 1e-6}, 3.0)
+    worker = Worker(spec, 60)
+    worker.ready()
+    os.kill(worker._proc.pid, signal.SIGINT)
+    worker._proc.join(30)
+    assert worker._proc.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err
+    worker.close()
