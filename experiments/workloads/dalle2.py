@@ -41,8 +41,11 @@ class _UNet(nn.Module):
 
     def forward(self, x, t, image_embed):
         half = self.ch // 2
-        freqs = torch.exp(-torch.arange(half, device=x.device) * (9.2 / half))
-        arg = t.float()[:, None] * freqs[None]
+        # at least float32 (a bfloat16 timestep is off by up to 4), else the model's: a float32 embedding
+        # in the float64 check kept stock Inductor 1e-6 from eager, at the check's floor
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        freqs = torch.exp(-torch.arange(half, device=x.device, dtype=dtype) * (9.2 / half))
+        arg = t.to(dtype)[:, None] * freqs[None]
         e = self.time(torch.cat([arg.sin(), arg.cos()], dim=-1).to(x.dtype)) + self.cond(image_embed)
         h, skips = self.inp(x), []
         for i, block in enumerate(self.down):
