@@ -220,8 +220,18 @@ def fake_propagate(gm, example_inputs) -> None:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
     inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor)
               else x for x in example_inputs]
+
+    class Prop(FakeTensorProp):
+        def fetch_attr(self, target):
+            # the module's own tensors faked too: a compiled optimizer step's graph holds the parameters
+            # and their state as attributes, which Dynamo's mode refuses, or would update for real
+            value = super().fetch_attr(target)
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch._subclasses.FakeTensor):
+                return mode.from_tensor(value, static_shapes=True)
+            return value
+
     with enable_python_dispatcher():
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
+        Prop(gm, mode).propagate_dont_convert_inputs(*inputs)
 
 
 def register_backend(fn, name: str) -> None:
