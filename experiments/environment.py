@@ -1,4 +1,5 @@
-"""Where a measurement was taken: GPU, driver, CUDA, torch, triton, this repo's commit, host CPU, date.
+"""Where a measurement was taken: GPU, driver, CUDA, torch, triton, the workloads' libraries, this repo's
+commit, host CPU, date.
 
 Stored in every record, so that any number can be traced to the machine and code that produced it.
 """
@@ -20,6 +21,8 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 CODE = ("grace", "experiments", "conf")  # what a measurement's result depends on in this repo
+# the packages the workloads' models come from: their code is the model's (HF's T5 attention, say)
+LIBRARIES = ("torchvision", "transformers", "timm")
 READERS = ("experiments/figures.py", "experiments/report.py")  # they read records, never make them: a
 # figure's fix leaves the records of the code before it current
 
@@ -40,6 +43,7 @@ class Environment:
     cpu: str | None = None  # "<model>, <n> cores": host-bound workloads' times depend on it
     load: float | None = None  # the host's 1-minute load average when the session began
     code: str | None = None  # hash of CODE's files as they ran: equal across commits that only add results
+    libraries: dict[str, str] | None = None  # LIBRARIES' versions, those installed
 
 
 def _git_commit() -> str:
@@ -121,6 +125,7 @@ def current() -> Environment:
         cpu=_cpu(),
         load=_load(),
         code=code_hash(),
+        libraries={name: v for name in LIBRARIES if (v := _version(name))},
     )
 
 

@@ -1,5 +1,7 @@
 """Where a record was measured: the code it ran is named by its files, not by the commit."""
 
+from importlib import metadata
+
 from experiments import environment
 
 
@@ -26,3 +28,7 @@ def test_the_code_hash_follows_the_code_and_not_the_records(tmp_path, monkeypatc
 def test_every_record_names_the_code_it_ran():
     env = environment.current()
     assert env.code == environment.code_hash() and len(env.code) == 12
+
+
+def test_every_record_names_the_versions_of_the_libraries_its_models_come_from():
+    assert environment.current().libraries["transformers"] == metadata.version("transformers")
