@@ -71,7 +71,11 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, candidates: list,
         report.notes.append(f"{part}: nothing for Inductor to compile; runs as is")
         return compiled
     adapter.finish_post_compile(compiled, example_inputs)
-    parts = adapter.partitions(compiled, kwargs.get("static_input_idxs"))
+    # A training forward's outputs that AOTAutograd's autograd function returns get their grad_fn set
+    # on the tensor object itself: a replay returns new objects for them (grace.recording, fresh outputs)
+    training_forward = not backward and not kwargs.get("is_inference")
+    parts = adapter.partitions(compiled, kwargs.get("static_input_idxs"),
+                               adapter.user_visible_outputs(gm) if training_forward else frozenset())
     if not parts:
         devices = ", ".join(sorted(adapter.device_types(compiled))) or "none"
         report.notes.append(f"{part}: no CUDA-graph partition (devices: {devices}); runs as compiled")

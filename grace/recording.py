@@ -125,7 +125,7 @@ class Recording:
     """One capture of a partition, with its placeholders; `pi` is set by grace.pi when PI serves it."""
 
     def __init__(self, fn: Callable, args: list, in_place: list[int], copied: list[int], mutated: list[int],
-                 fresh_outputs: bool = False, static: frozenset[int] = frozenset(),
+                 fresh_outputs: bool | frozenset[int] = False, static: frozenset[int] = frozenset(),
                  writable: frozenset[int] | None = None):
         self.in_place, self.copied, self.static, self.mutated = in_place, copied, static, mutated
         self.writable = writable if writable is not None else frozenset(range(len(args))) - static
@@ -166,12 +166,18 @@ class Recording:
                 outputs[j] = None
             self.outputs = outputs if isinstance(self.outputs, list) else tuple(outputs)
         self.tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in callers]
-        # fresh_outputs (a backward graph's): each replay returns new tensor objects over the graph's output
-        # memory, not the ones kept here. Autograd takes a parameter's first gradient as it is only when
-        # nobody else holds that tensor; else it clones it (a copy and a launch per parameter, each step).
-        # A returned tensor still held shows in its storage's count (outputs_alive).
+        # fresh_outputs (True: all, as a backward graph's; or those at the positions given, a training
+        # forward's outputs that reach the caller): each replay returns new tensor objects over the graph's
+        # output memory, not the ones kept here. Autograd takes a parameter's first gradient as it is only
+        # when nobody else holds that tensor; else it clones it (a copy and a launch per parameter, each
+        # step). And it sets an autograd function's outputs' grad_fn on the tensor object itself: kept
+        # here, that object would keep the call's autograd graph, and the activations it saved (outputs
+        # of this graph too), alive after the caller dropped the result, so that they looked held for
+        # ever (inference in grad mode). A returned tensor still held shows in its storage's count.
         owned = {id(t) for t in self.tensors}
-        self.fresh = [isinstance(t, torch.Tensor) and id(t) in owned for t in outputs] if fresh_outputs and outputs else None
+        fresh = [j for j, t in enumerate(outputs) if isinstance(t, torch.Tensor) and id(t) in owned
+                 and (fresh_outputs is True or j in fresh_outputs)] if fresh_outputs else []
+        self.fresh = fresh or None  # positions: a training forward's few among its many saved activations
         self.storages = adapter.storage_handles(self.tensors)
         self.baseline = adapter.references(self.tensors, self.storages)
         OUTPUTS.update({t.data_ptr(): t for t in self.tensors})
@@ -268,8 +274,8 @@ class Recording:
         if self.fresh is None and not passed:
             return list(self.outputs) if isinstance(self.outputs, list) else self.outputs  # callers may empty a list
         outputs = list(self.outputs)
-        if self.fresh is not None:
-            outputs = [t.detach() if fresh else t for t, fresh in zip(outputs, self.fresh)]
+        for j in self.fresh or ():
+            outputs[j] = outputs[j].detach()
         for j, a, view in passed or ():
             outputs[j] = a if view is None else a.as_strided(view[0], view[1], a.storage_offset() + view[2])
         return outputs if isinstance(self.outputs, list) else tuple(outputs)

@@ -160,10 +160,12 @@ class PartitionGraph:
             return "an input mutated in place is not 16-byte aligned"
         if any(adapter.has_internal_overlap(narrow(args[i], expanded_dims(args[i]))) for i in copied):
             return "an input has overlapping memory other than expanded dims: it cannot get a placeholder"
+        returned = self.partition.returned
+        fresh = True if self.stats.backward or returned is None else returned  # grace.recording says why
+
         def record() -> Recording:
-            return Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated),
-                              fresh_outputs=self.stats.backward, static=self.partition.static,
-                              writable=self.partition.writable(len(args)))
+            return Recording(self.fn, args, in_place, copied, sorted(self.partition.mutated), fresh_outputs=fresh,
+                             static=self.partition.static, writable=self.partition.writable(len(args)))
 
         try:
             recording = record()

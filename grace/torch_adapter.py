@@ -68,6 +68,9 @@ class Partition:
     static: frozenset[int]  # partition inputs that are parameters or buffers (static graph inputs)
     mutated: frozenset[int]  # partition inputs that the graph mutates in place
     produced: frozenset[int] | None = None  # inputs another partition made (intermediates); None: unknown
+    # outputs that reach the caller as graph outputs the user sees (a training forward's: AOTAutograd's
+    # autograd function hands them on; not the activations saved for backward); None: unknown
+    returned: frozenset[int] | None = frozenset()
 
     def writable(self, inputs: int) -> frozenset[int]:
         """The inputs one run may write: those it mutates, and the intermediates, which Inductor may
@@ -77,18 +80,28 @@ class Partition:
         return self.mutated | maybe
 
 
-def partitions(compiled, static_input_idxs) -> list[Partition] | None:
-    """The partitions of a CompiledFxGraph and which of their inputs are static or mutated; None if the
-    compiled graph has no partition runner (e.g. nothing to run on the GPU)."""
+def user_visible_outputs(gm: torch.fx.GraphModule) -> frozenset[int] | None:
+    """The graph outputs that Inductor marked as the user's (a training forward's model outputs, as
+    AOTAutograd lays them out), or None where it did not say."""
+    idxs = gm.graph.find_nodes(op="output")[0].meta.get("user_visible_output_idxs")
+    return frozenset(idxs) if idxs else None
+
+
+def partitions(compiled, static_input_idxs, user_visible: frozenset[int] | None = frozenset()) -> list[Partition] | None:
+    """The partitions of a CompiledFxGraph, which of their inputs are static or mutated, and which of
+    their outputs are among the graph outputs `user_visible` (None: not known); None if the compiled
+    graph has no partition runner (e.g. nothing to run on the GPU)."""
     if getattr(compiled, "recursively_apply_fns", None) is None or not getattr(compiled, "partition_maps", None):
         return None
     static, mutated = set(static_input_idxs or ()), set(compiled.mutated_input_idxs)
     out = []
     for pm in compiled.partition_maps:
-        mapping = pm.input_index_mapping
+        mapping, to_graph = pm.input_index_mapping, getattr(pm, "output_index_mapping", None)
+        returned = None if user_visible is None or to_graph is None else frozenset(
+            j for j, graph_outputs in enumerate(to_graph) if user_visible.intersection(graph_outputs))
         out.append(Partition(pm.id, frozenset(i for i, g in enumerate(mapping) if g is not None and g in static),
                              frozenset(i for i, g in enumerate(mapping) if g is not None and g in mutated),
-                             frozenset(i for i, g in enumerate(mapping) if g is None)))
+                             frozenset(i for i, g in enumerate(mapping) if g is None), returned))
     return out
 
 

@@ -103,3 +103,33 @@ def test_importing_grace_pulls_no_pandas(tmp_path):
     code = "import sys, grace; print('pandas' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_a_training_forward_knows_which_partition_outputs_reach_the_caller():
+    """A training forward's outputs that AOTAutograd's function returns (not the activations it saves)
+    are returned as new tensor objects on each replay (grace.recording): Inductor marks them among the
+    graph's outputs, and each partition's output map says which of its own outputs they are."""
+    import types
+
+    from grace import torch_adapter as adapter
+    from torch._inductor.utils import GraphPartitionMap
+
+    seen = []
+
+    def inner(gm, example_inputs, **kwargs):
+        if not kwargs.get("is_inference") and not kwargs.get("is_backward"):
+            seen.append((adapter.user_visible_outputs(gm), adapter.graph_outputs(gm)))
+        return adapter.compile_fx_inner(gm, example_inputs, **kwargs)
+
+    torch.compiler.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    compiled = torch.compile(model, backend=lambda gm, ex: adapter.compile_fx(gm, ex, inner_compile=inner))
+    with adapter.aot_config():  # AOTAutograd's cache would skip the inner compile
+        compiled(torch.randn(3, 8)).sum().backward()
+    ((visible, outputs),) = seen
+    assert visible == {0} and outputs > 1  # the model's output, then what backward needs
+
+    maps = [GraphPartitionMap(0, [0, 1], [[], [0], [3]], []), GraphPartitionMap(1, [None, 2], [[1, 2]], [])]
+    fake = types.SimpleNamespace(partition_maps=maps, mutated_input_idxs=[], recursively_apply_fns=lambda fns: None)
+    assert [p.returned for p in adapter.partitions(fake, [1], frozenset({0, 2}))] == [{1}, {0}]
+    assert [p.returned for p in adapter.partitions(fake, [1], None)] == [None, None]  # not known: all of them

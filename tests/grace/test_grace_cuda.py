@@ -138,6 +138,20 @@ def test_outputs_still_held_are_not_overwritten_by_the_next_call():
     assert stats.recordings == 2 and stats.replays == 2 and stats.eager_calls == 1 and "still held" in stats.reason
 
 
+def test_inference_in_grad_mode_replays_once_the_caller_drops_the_result():
+    """The forward of a training graph, its result detached and dropped: the activations it saved are
+    freed with it, and each call replays (they looked held for ever when a replay returned the
+    recording's own output objects, on which autograd sets grad_fn)."""
+    torch.compiler.reset()
+    model = _mlp()
+    compiled = torch.compile(model, backend="grace", options=RUNTIME)
+    x = torch.randn(16, 32, device="cuda")
+    for _ in range(6):
+        torch.testing.assert_close(compiled(x).detach(), model(x))
+    forwards = [s for s in grace.REPORTS[-1].partitions if not s.backward]
+    assert forwards and all(s.replays == 5 and s.eager_calls == 0 for s in forwards), [s.reason for s in forwards]
+
+
 class Schedule(torch.nn.Module):
     """A diffusion-style step: a CPU schedule (a plain tensor attribute) and a CPU tensor factory."""
 

@@ -323,16 +323,18 @@ def test_reset_frees_every_recording_and_later_calls_record_again(cpu_graphs, mo
     assert (stats.recordings, stats.kept, stats.replays, stats.status) == (2, 1, 4, "captured")
 
 
-def _runtime_compiler(made: list, backward: bool = False, static=lambda example_inputs: frozenset()):
+def _runtime_compiler(made: list, backward: bool = False, static=lambda example_inputs: frozenset(),
+                      returned: frozenset[int] = frozenset()):
     """An AOTAutograd compiler that runs the graph it is given as one partition through the runtime,
-    its Stats appended to `made`; `static` picks the static inputs from the example inputs."""
+    its Stats appended to `made`; `static` picks the static inputs from the example inputs, `returned`
+    are the outputs that reach the caller."""
     from functorch.compile import make_boxed_func
 
     def compile(gm, example_inputs):
         stats = runtime.Stats(graph=0, backward=backward, partition=0)
         made.append(stats)
-        part = runtime.PartitionGraph(make_boxed_func(gm.forward), Partition(0, static(example_inputs), frozenset()),
-                                      stats)
+        part = runtime.PartitionGraph(make_boxed_func(gm.forward),
+                                      Partition(0, static(example_inputs), frozenset(), returned=returned), stats)
         part._boxed_call = True
         return part
 
@@ -372,6 +374,26 @@ def test_runtime_keeps_replaying_a_training_forward_and_matches_eager(cpu_graphs
     _train_beside_eager(_runtime_compiler(forwards, static=params), lambda gm, _: make_boxed_func(gm.forward), 5)
     (stats,) = forwards
     assert stats.status == "captured" and stats.recordings == 1 and stats.replays == 4 and stats.eager_calls == 0
+
+
+@pytest.mark.parametrize("returned", [frozenset({0}), None])
+def test_a_training_forward_whose_result_the_caller_drops_replays_every_call(cpu_graphs, returned):
+    """Inference in grad mode: autograd sets grad_fn on the very tensor object AOTAutograd's function
+    returns, and that call's autograd graph holds the activations it saved, outputs of the same graph.
+    A recording that returned its own output objects kept both alive after the caller dropped the
+    result, and every call ran without the graph ("outputs ... still held")."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch.compiler.reset()
+    forwards = []
+    model = _mlp()
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=_runtime_compiler(forwards, returned=returned),
+                                                         bw_compiler=_runtime_compiler([], backward=True)))
+    x = torch.randn(3, 8)
+    for _ in range(6):
+        torch.testing.assert_close(compiled(x).detach(), model(x))
+    (stats,) = forwards
+    assert stats.eager_calls == 0 and stats.replays == 5, stats.reason
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
