@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
 import tempfile
 import time
 from typing import Any
@@ -28,6 +29,9 @@ class WorkerError(RuntimeError):
 
 
 def _serve(conn, spec: Spec) -> None:
+    # Ctrl-C reaches the whole process group: a worker leaves on it whatever its parent ignored (a process
+    # that ignores SIGINT passes that on to the workers it starts)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # ignore_cleanup_errors: a worker stopped mid-compile (SIGINT) may still have Triton writing there.
     with tempfile.TemporaryDirectory(prefix="grace-caches-", ignore_cleanup_errors=True) as caches:
         if spec.cold_caches:  # compile latency not flattered by another variant's artifacts

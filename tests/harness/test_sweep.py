@@ -600,21 +600,28 @@ def test_the_optimizers_step_is_compiled_with_the_variant_when_asked(tmp_path):
     assert bench.task.optimizer_step != bench.task.optimizer.step  # the compiled one, which the step calls
 
 
-def test_a_waiting_worker_stopped_by_ctrl_c_exits_quietly(capfd):
+def test_a_waiting_worker_stopped_by_ctrl_c_exits_quietly(capfd, monkeypatch):
     """Ctrl-C reaches every process of the group: a worker waiting for its next request leaves it to
-    the parent (which records the workload as interrupted), with no traceback of its own."""
+    the parent (which records the workload as interrupted), with no traceback of its own, even where
+    its parent ignores SIGINT (the worker would inherit that, and wait for ever)."""
+    import multiprocessing as mp
     import os
     import signal
 
+    from experiments import worker as worker_module
     from experiments.bench import Spec
     from experiments.variants import Variant
-    from experiments.worker import Worker
 
+    monkeypatch.setattr(worker_module, "_context", lambda: mp.get_context("spawn"))  # a fresh interpreter
     spec = Spec("mlp", "eval", None, "tiny", Variant("eager"), "cpu", 0, 1, {"float64": 1e-6}, 3.0)
-    worker = Worker(spec, 60)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        worker = worker_module.Worker(spec, 120)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     worker.ready()
     os.kill(worker._proc.pid, signal.SIGINT)
-    worker._proc.join(30)
+    worker._proc.join(60)
     assert worker._proc.exitcode == 0
     assert "Traceback" not in capfd.readouterr().err
     worker.close()
