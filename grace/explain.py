@@ -151,8 +151,7 @@ def explain(fn: Callable, *inputs, options: dict | None = None, calls: int = 3) 
     """Compile `fn` afresh (Dynamo's caches are reset first, as by torch.compiler.reset(): code compiled
     before is compiled again on its next call) and report on `calls` calls with `inputs`, in the
     caller's grad mode. For inference, call it under torch.no_grad() or inference_mode(): in grad mode
-    AOTAutograd keeps references to a forward's outputs for a backward that never comes, and the
-    runtime then (rightly) declines to replay over them."""
+    the forward is compiled for training, saving activations for a backward that never comes."""
     torch.compiler.reset()
     compiled = torch.compile(fn, backend="grace", options=options)
     start = len(backend.REPORTS)
