@@ -243,22 +243,18 @@ class Recording:
             if OUTPUTS.get(t.data_ptr()) is t:
                 del OUTPUTS[t.data_ptr()]
 
-    def _held(self) -> int | None:
+    def held_output(self) -> int | None:
         """The first output with more references than right after capture (fewer is fine: the count then
-        included temporaries), or None."""
+        included temporaries), or None: a replay would overwrite an output the caller holds."""
         now = adapter.references(self.tensors, self.storages)
         if now == self.baseline:
             return None
         return next((k for k in range(len(self.tensors)) if any(n[k] > b[k] for n, b in zip(now, self.baseline))),
                     None)
 
-    def outputs_alive(self) -> bool:
-        return self._held() is not None
-
-    def held(self) -> str:
-        """Which output is held (for reasons): its index among the graph's own outputs, dtype and shape."""
-        k = self._held()
-        return "none now" if k is None else f"output {k}: {describe(self.tensors[k])}"
+    def describe_output(self, k: int) -> str:
+        """Output k (held_output) for reasons: its index among the graph's own outputs, dtype and shape."""
+        return f"output {k}: {describe(self.tensors[k])}"
 
     def replay(self, args: list) -> Any:
         if self.pi is not None and self.pi_on:

@@ -273,10 +273,15 @@ class PartitionGraph:
         if key in self.declined:
             return self._eager(args)  # SCG decided for these sizes
         here = self._here(recordings, args)
-        recording = next((r for r in here if not r.outputs_alive()), None)
+        recording, held = None, None
+        for r in here:  # the first whose outputs the caller no longer holds
+            held = r.held_output()
+            if held is None:
+                recording = r
+                break
         if recording is None and len(here) >= TWINS:
             return self._eager(args, "outputs of the previous replays were still held by the caller "
-                                     f"({here[-1].held()})")
+                                     f"({here[-1].describe_output(held)})")
         if recording is None:
             recording = self._record(key, args, twin=bool(here))
             if isinstance(recording, str):

@@ -35,7 +35,7 @@ def main() -> None:
             for r in recordings:
                 print("backward", part.stats.backward, "baseline", r.baseline, "now",
                       adapter.references(r.tensors, r.storages))
-                k = r._held()
+                k = r.held_output()
                 if k is not None:
                     t = r.tensors[k]
                     print("held", k, tuple(t.shape), [type(o).__name__ for o in gc.get_referrers(t)])
