@@ -268,7 +268,9 @@ class Recording:
         if written:
             torch._foreach_copy_(written, [p for _, p in self.written])
         if self.fresh is None and not passed:
-            return list(self.outputs) if isinstance(self.outputs, list) else self.outputs  # callers may empty a list
+            # a new container, never the recording's own: callers may empty a list, and until the caller has
+            # unpacked it, the tensors in it must count as held (another thread may call meanwhile)
+            return list(self.outputs) if isinstance(self.outputs, list) else (*self.outputs,)
         outputs = list(self.outputs)
         for j in self.fresh or ():
             outputs[j] = outputs[j].detach()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -91,18 +92,22 @@ class PartitionGraph:
         self.declined: set[tuple] = set()  # sizes SCG runs without a graph (their recording freed)
         self.calls = 0
         self.seen: list | None = None  # while grace.lean watches a call: each call's arguments and result
+        # One call at a time: threads that call one compiled model together would otherwise both pick the
+        # recording whose outputs nobody holds yet, and one's replay write over the other's result
+        self.lock = threading.RLock()
         _LIVE.add(self)
 
     def free(self) -> None:
         """Free every recording: its CUDA graph, its memory pool once no output is held. A later call at
         the same sizes warms up and records again."""
-        for recordings in self.recordings.values():
-            for recording in recordings:
-                recording.drop()
-        self.recordings.clear()
-        self.warmed.clear()
-        self.declined.clear()
-        self.stats.kept = 0
+        with self.lock:  # grace.reset() may come from another thread
+            for recordings in self.recordings.values():
+                for recording in recordings:
+                    recording.drop()
+            self.recordings.clear()
+            self.warmed.clear()
+            self.declined.clear()
+            self.stats.kept = 0
 
     def _eager(self, args: list, reason: str | None = None, final: bool = False) -> Any:
         if reason is not None:
@@ -234,12 +239,13 @@ class PartitionGraph:
         return here
 
     def __call__(self, args: list) -> Any:
-        if self.seen is not None:
-            self.seen.append(list(args))
-            result = self._call_safely(args)
-            self.seen.append(result)
-            return result
-        return self._call_safely(args)
+        with self.lock:
+            if self.seen is not None:
+                self.seen.append(list(args))
+                result = self._call_safely(args)
+                self.seen.append(result)
+                return result
+            return self._call_safely(args)
 
     def _call_safely(self, args: list) -> Any:
         try:

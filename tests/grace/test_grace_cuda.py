@@ -152,6 +152,33 @@ def test_inference_in_grad_mode_replays_once_the_caller_drops_the_result():
     assert forwards and all(s.replays == 5 and s.eager_calls == 0 for s in forwards), [s.reason for s in forwards]
 
 
+def test_threads_that_share_a_compiled_model_each_get_their_own_result():
+    import threading
+
+    torch.compiler.reset()
+    model = _mlp()
+    compiled = torch.compile(model, backend="grace", options=RUNTIME)
+    with torch.no_grad():
+        for _ in range(3):  # compiled, recorded and replayed before the threads come
+            compiled(torch.randn(16, 32, device="cuda"))
+    wrong = []
+
+    def serve(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        with torch.no_grad():
+            for _ in range(200):
+                x = torch.randn(16, 32, device="cuda", generator=g)
+                wrong.append(not torch.allclose(compiled(x), model(x), rtol=1e-4, atol=1e-5))
+
+    threads = [threading.Thread(target=serve, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wrong) == 800 and not any(wrong)
+    assert sum(s.replays for s in grace.REPORTS[-1].partitions) > 0
+
+
 class Schedule(torch.nn.Module):
     """A diffusion-style step: a CPU schedule (a plain tensor attribute) and a CPU tensor factory."""
 

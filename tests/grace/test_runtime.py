@@ -323,6 +323,37 @@ def test_reset_frees_every_recording_and_later_calls_record_again(cpu_graphs, mo
     assert (stats.recordings, stats.kept, stats.replays, stats.status) == (2, 1, 4, "captured")
 
 
+def test_threads_that_call_one_partition_together_each_get_their_own_result(cpu_graphs):
+    """Serving threads share one compiled model: each call must pick, copy into and replay a recording
+    while no other call does, or two pick the recording nobody holds and one's replay writes over the
+    other's result."""
+    import sys
+    import threading
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns between any two bytecodes
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.full((64,), 2.0)
+    wrong = []
+
+    def serve(seed):
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(1000):
+            x = torch.randn(64, generator=g)
+            (y,) = part([x, w])
+            wrong.append(not torch.equal(y, x * w + 1))
+
+    threads = [threading.Thread(target=serve, args=(seed,)) for seed in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(previous)
+    assert len(wrong) == 4000 and not any(wrong) and stats.replays > 0
+
+
 def _runtime_compiler(made: list, backward: bool = False, static=lambda example_inputs: frozenset(),
                       returned: frozenset[int] = frozenset()):
     """An AOTAutograd compiler that runs the graph it is given as one partition through the runtime,
