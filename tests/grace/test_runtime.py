@@ -393,16 +393,19 @@ def _train_beside_eager(fw_compiler, bw_compiler, steps: int, set_to_none: bool 
     return model
 
 
-def test_runtime_keeps_replaying_a_training_forward_and_matches_eager(cpu_graphs):
+@pytest.mark.parametrize("returned", [frozenset(), frozenset({0})])
+def test_runtime_keeps_replaying_a_training_forward_and_matches_eager(cpu_graphs, returned):
     """AOTAutograd's forward returns tensors saved for backward, parameters among them; the runtime
-    must not take the caller's own references to those for outputs still in use."""
+    must not take the caller's own references to those for outputs still in use. The model's output
+    returned as a new object each replay (as the backend asks of a training forward) trains alike."""
     from functorch.compile import make_boxed_func
 
     def params(example_inputs):  # all but x
         return frozenset(i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor) and tuple(t.shape) != (3, 8))
 
     forwards = []
-    _train_beside_eager(_runtime_compiler(forwards, static=params), lambda gm, _: make_boxed_func(gm.forward), 5)
+    _train_beside_eager(_runtime_compiler(forwards, static=params, returned=returned),
+                        lambda gm, _: make_boxed_func(gm.forward), 5)
     (stats,) = forwards
     assert stats.status == "captured" and stats.recordings == 1 and stats.replays == 4 and stats.eager_calls == 0
 
