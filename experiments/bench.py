@@ -62,7 +62,9 @@ class Spec:
 
 @dataclass(frozen=True)
 class Diagnostics:
-    peak_mem_mb: float | None
+    peak_mem_mb: float | None  # the most allocated at once from the compile on: recording, SCG's and PI's runs, rounds
+    held_mem_mb: float | None  # reserved after the rounds with the cache emptied: what the variant keeps
+    # from every other process (model, state, CUDA-graph memory pools, their freed blocks included)
     cudagraph_skips: int
     cudagraph_skip_reasons: list[str]
     graph_breaks: int
@@ -343,8 +345,12 @@ class Bench:
 
     def diagnostics(self) -> Diagnostics:
         """Called after profiling; for a grace variant it runs one more step to count what it replays."""
-        peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else None
+        peak = held = None
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
+            self._release()
+            held = torch.cuda.memory_reserved(self.device) / 2**20
         summary = (grace.explain_call(self._step, self._graphs_from).summary() if self.spec.variant.uses_grace
                    else None)
-        return Diagnostics(peak, cudagraph_skips(), list(dict.fromkeys(self._skip_reasons)), **dynamo_stats(),
+        return Diagnostics(peak, held, cudagraph_skips(), list(dict.fromkeys(self._skip_reasons)), **dynamo_stats(),
                            grace=summary, shape_padding=shape_padding_choices())

@@ -139,6 +139,7 @@ class Record:
     kernels: KernelStats | None = None
     host: HostStats | None = None  # where the host's time went (cProfile), by part of the stack
     peak_mem_mb: float | None = None
+    held_mem_mb: float | None = None  # GPU memory the variant keeps from others after its rounds (bench.Diagnostics)
     cudagraph_skips: int | None = None  # times Inductor decided against CUDA graphs (its own counter)
     cudagraph_skip_reasons: list[str] = field(default_factory=list)  # what it logged, each reason once
     graph_breaks: int | None = None  # Dynamo's graph breaks while compiling

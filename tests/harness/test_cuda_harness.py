@@ -90,6 +90,7 @@ def test_every_variant_ok_and_right(records):
         assert r.kernels.gpu_kernel_ms > 0 and r.kernels.kernels > 0
         assert r.median_ms > r.kernels.gpu_kernel_ms  # wall time sits above the GPU's own time
         assert all(c is not None and c > 0 for c in r.sm_clock_mhz)
+        assert r.peak_mem_mb > 0 and r.held_mem_mb > 0  # the model at least, in each
 
 
 def test_stock_graphs_replay_and_copy_their_inputs(records):

@@ -17,7 +17,7 @@ def full() -> Record:
                 p75_ms=3.25, baseline="inductor", round_ratios=[0.9, 1.1], speedup=1.25, speedup_ci=[1.1, 1.4], over_floor=1.6, over_floor_ci=[1.5, 1.7],
                 floor_method="replay", launch_us=[7.0, 8.0],
                 sm_clock_mhz=[1980.0, None], kernels=KernelStats(10, 0.2, 12.0, 1.0, 1.0, 4096.0, [{"name": "k", "in_graph": True, "launches": 1.0, "us": 2.0}]),
-                host=HostStats(10, {"grace": 3.0}, [{"function": "f", "group": "grace", "calls": 1.0, "us": 3.0}]), peak_mem_mb=12.0,
+                host=HostStats(10, {"grace": 3.0}, [{"function": "f", "group": "grace", "calls": 1.0, "us": 3.0}]), peak_mem_mb=12.0, held_mem_mb=20.0,
                 cudagraph_skips=1, cudagraph_skip_reasons=["skipping cudagraphs due to mutated inputs"],
                 graph_breaks=2, unique_graphs=3, graph_break_reasons=["Unsupported Tensor.item() call -> frame skipped, runs eager"],
                 numerics=Numerics(True, 1e-3, 2e-3, 1e-3, 1.3e-2, "bfloat16", "d", "loss"),

@@ -40,6 +40,7 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
         assert r.p25_ms <= r.median_ms <= r.p75_ms
         assert len(r.launch_us) == 2 and all(x > 0 for x in r.launch_us)
         assert r.compile_s > 0 and r.kernels.iters == 2 and r.set_up_beside == 0
+        assert (r.held_mem_mb > 0) if CUDA else (r.peak_mem_mb is r.held_mem_mb is None)
         # its setup's parts, each measured in the worker, add up to at most what the sweep saw; the worker's
         # start is apart, before it
         assert 0 < r.build_s and 0 < r.check_s and r.start_s >= 0  # forked from a warm server: near 0
