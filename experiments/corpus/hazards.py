@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import torch
@@ -249,6 +250,15 @@ def outputs_kept_across_calls(device, compile):
         kept.append(f(x))
         return list(kept)
     return Program(step, _x(device, 2, 16))
+
+
+@hazard
+def threads_sharing_a_model(device, compile):
+    """A server's workers: four threads call one compiled model at once, each on an input of its own."""
+    model = _mlp().to(device)
+    f = torch.no_grad()(compile(model))
+    pool = ThreadPoolExecutor(4)
+    return Program(lambda x: list(pool.map(lambda k: f(x * (k + 1)), range(4))), _x(device, 2, 16))
 
 
 @hazard
