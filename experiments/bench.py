@@ -57,7 +57,7 @@ class Spec:
     compile_optimizer: bool = False  # train: compile the optimizer's step too, with the variant's settings
     timing_cpus: tuple[int, ...] = ()  # cores every variant's timed rounds run on (one at a time), a group per
                                        # TP rank: none, the OS's choice
-    cold_caches: bool = True  # compile with empty, private Inductor and Triton caches (experiments/worker.py)
+    cold_caches: bool = False  # compile with empty, private Inductor and Triton caches (experiments/worker.py)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ class Measure:
     seed: int = 0
     timeout_s: float = 1800
     parallel_setup: bool = False
-    cold_caches: bool = True
+    cold_caches: bool = False
     compile_optimizer: bool = True
     timing_cpus: list[int] = field(default_factory=list)
     tolerance: Tolerance = field(default_factory=Tolerance)

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 
 # Small enough for a 2-core CPU, large enough to exercise rounds, ratios and quartiles.
-FAST = ["measure=smoke", "measure.cold_caches=false", "measure.rounds=2", "measure.iters=3", "measure.warmup=2", "measure.profile_iters=2",
+FAST = ["measure=smoke", "measure.rounds=2", "measure.iters=3", "measure.warmup=2", "measure.profile_iters=2",
         "measure.launch_calibration=10", "figure=false", "aa_control=false", "floor=false"]
 
 
