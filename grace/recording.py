@@ -48,6 +48,15 @@ def cuda_capture(fn: Callable, graph_args: list) -> Captured:
 
 capture = cuda_capture  # what records a partition; tests put a CPU stand-in here
 
+
+def cuda_caller_capturing() -> bool:
+    """Whether this thread's stream is being captured into a CUDA graph of the caller's own (without CUDA
+    initialized, nobody captures; asking would fail on a machine without a driver)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+caller_capturing = cuda_caller_capturing  # tests put a stand-in here
+
 # data_ptr -> output tensor of every live recording: an input found here is another graph's output and is
 # read in place. Weak: a recording that is garbage-collected (a recompiled graph) leaves no stale address.
 OUTPUTS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()

@@ -36,6 +36,7 @@ MOVES_BEFORE_COPY = 3  # an in-place input that moved this often at one set of s
 KEEP = 64  # recordings kept per set of sizes: one per call site (each layer of those that share a graph), and twins
 TWINS = 2  # recordings per set of sizes and in-place addresses: one may be replayed while the other's outputs are held
 ALIGNMENT = 16  # bytes: Inductor's kernels assume inputs this aligned
+CALLER_CAPTURE = "called inside the caller's own CUDA-graph capture: ran as compiled, into the caller's graph"
 
 
 class Status(enum.StrEnum):
@@ -262,6 +263,10 @@ class PartitionGraph:
         self.calls += 1
         if self.stats.status == Status.EAGER:
             return self._eager(args)
+        if rec.caller_capturing():
+            # A replay, a recording (it synchronizes) or SCG's timing would break the caller's capture or
+            # leave in it a graph that PI re-points later: the kernels go into the caller's graph instead
+            return self._eager(args, CALLER_CAPTURE)
         if self.scalars is None:  # where the partition takes sizes (dynamic shapes): fixed by its signature
             self.scalars = [i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
         key = tuple(args[i] for i in self.scalars) if self.scalars else ()

@@ -33,6 +33,37 @@ def test_inference_is_captured_replayed_and_matches_eager_on_new_inputs():
         torch.testing.assert_close(compiled(x), model(x))
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("options", [RUNTIME, None])
+def test_a_callers_own_capture_around_a_compiled_call_takes_its_kernels(options):
+    """A program that captures a CUDA graph of its own around a grace-compiled call (as serving frameworks
+    do): the call's kernels go into the caller's graph, which then computes on new inputs; outside it,
+    GraCE's own replays go on."""
+    model = _mlp()
+    compiled = torch.compile(model, backend="grace", options=options)
+    static_x = torch.randn(16, 32, device="cuda")
+    for _ in range(3):  # warm-up, record (SCG's timings), replay
+        compiled(static_x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # torch.cuda.graph's advice: a call on a side stream first
+        compiled(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = compiled(static_x)
+    for _ in range(3):
+        static_x.copy_(torch.randn(16, 32, device="cuda"))
+        graph.replay()
+        torch.testing.assert_close(static_y, model(static_x))
+    stats = [s for g in grace.REPORTS for s in g.partitions if s.graph == grace.REPORTS[-1].graph]
+    replays = sum(s.replays for s in stats)
+    x = torch.randn(16, 32, device="cuda")
+    torch.testing.assert_close(compiled(x), model(x))
+    assert stats and any(s.reason and "caller's own CUDA-graph capture" in s.reason for s in stats), stats
+    assert sum(s.replays for s in stats) > replays or all(s.status == "declined" for s in stats), stats
+
+
 def test_training_captures_forward_and_backward_and_matches_eager():
     model, twin = _mlp(), _mlp()
     compiled = torch.compile(model, backend="grace", options=RUNTIME)

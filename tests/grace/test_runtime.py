@@ -445,6 +445,35 @@ def test_a_backward_graphs_gradients_are_taken_by_autograd_not_cloned(cpu_graphs
     assert all(taken) if set_to_none else not any(taken)  # accumulated into the first step's gradients
 
 
+def test_a_call_inside_the_callers_own_capture_runs_the_partition_and_leaves_the_recordings_alone(cpu_graphs,
+                                                                                                   monkeypatch):
+    """A program that captures a CUDA graph of its own around a compiled call (as serving frameworks do):
+    a replay or a recording there would break the caller's capture (a recording synchronizes) or leave
+    in the caller's graph one that PI re-points later. The partition runs into the caller's graph, and
+    outside it the partition warms up, records and replays as if that call had not been."""
+    capturing = [True]
+    monkeypatch.setattr(recording, "caller_capturing", lambda: capturing[0])
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.full((4,), 2.0)
+
+    def call():
+        x = torch.randn(4)
+        torch.testing.assert_close(part([x, w])[0], x * w + 1)
+
+    call()  # the first call of all, inside the capture: not the warm-up
+    capturing[0] = False
+    call()
+    assert stats.status == "warm-up" and stats.recordings == 0
+    call(), call()
+    assert stats.status == "captured" and (stats.recordings, stats.replays) == (1, 2)
+    capturing[0] = True
+    call(), call()
+    assert (stats.recordings, stats.replays, stats.reason) == (1, 2, runtime.CALLER_CAPTURE)
+    capturing[0] = False
+    call()
+    assert stats.status == "captured" and (stats.recordings, stats.replays) == (1, 3)
+
+
 def test_partition_with_cpu_inputs_runs_without_graph_and_says_why():
     calls = []
     part, stats = _part(_partition_fn(calls))
