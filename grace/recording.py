@@ -9,7 +9,9 @@ the graph; which recording a call gets is the runtime's decision (grace.runtime)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import weakref
 from typing import Any, Callable
@@ -32,10 +34,27 @@ class Captured:
     graph: torch.cuda.CUDAGraph | None  # kept (keep_graph=True) for PI to read and patch its nodes
 
 
+@functools.cache
+def capture_stream(index: int) -> torch.cuda.Stream:
+    """A side stream of device `index` to capture on (torch.cuda.graph's default is one stream for the
+    process, on whichever device was current when it was first used)."""
+    return torch.cuda.Stream(index)
+
+
+def on_device_of(args: list) -> contextlib.AbstractContextManager:
+    """The device of a partition's first CUDA tensor made current. Inductor sets the device inside a
+    lone partition, not around it: captured, or timed, on another current device, its kernels would go
+    to a stream that is not being captured (an empty graph) or timed."""
+    t = next((a for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
+    return torch.cuda.device(t.device) if t is not None else contextlib.nullcontext()
+
+
 def cuda_capture(fn: Callable, graph_args: list) -> Captured:
-    """Capture fn(graph_args) in a CUDA graph."""
+    """Capture fn(graph_args) in a CUDA graph, on the current device (the runtime makes it the
+    partition's: on_device_of); a replay runs on that device whatever is current then."""
     graph = torch.cuda.CUDAGraph(keep_graph=True)
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    stream = capture_stream(torch.cuda.current_device())
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
         outputs = fn(graph_args)
     try:
         nodes = cuda_driver.node_counts(graph.raw_cuda_graph())

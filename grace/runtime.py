@@ -294,15 +294,18 @@ class PartitionGraph:
             return self._eager(args, "outputs of the previous replays were still held by the caller "
                                      f"({here[-1].describe_output(held)})")
         if recording is None:
-            recording = self._record(key, args, twin=bool(here))
+            with rec.on_device_of(args):  # capture, PI's check and SCG's timings on the partition's device
+                recording = self._record(key, args, twin=bool(here))
+                # SCG decides at the first recording of these sizes; later ones keep its decision
+                declined = (not isinstance(recording, str) and self.scg and not recordings
+                            and not self._select(recording, args))
             if isinstance(recording, str):
                 return self._eager(args, recording, final=True)
-            if self.scg and not recordings:  # later recordings at these sizes keep the decision
-                if not self._select(recording, args):  # no graph at these sizes: its memory goes back
-                    recording.drop()
-                    self.declined.add(key)
-                    return self._eager(args)
-            elif recordings:
+            if declined:  # no graph at these sizes: its memory goes back
+                recording.drop()
+                self.declined.add(key)
+                return self._eager(args)
+            if recordings:
                 recording.set_pi(recordings[-1].pi_on)
             if len(recordings) >= KEEP:
                 recordings.pop(0).drop()

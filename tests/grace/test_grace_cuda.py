@@ -64,6 +64,24 @@ def test_a_callers_own_capture_around_a_compiled_call_takes_its_kernels(options)
     assert sum(s.replays for s in stats) > replays or all(s.status == "declined" for s in stats), stats
 
 
+@torch.no_grad()
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (the nvidia-h200-x2 kind)")
+@pytest.mark.parametrize("options", [RUNTIME, None])
+def test_a_model_on_a_gpu_that_is_not_the_current_one_is_captured_on_its_own(options):
+    """Inductor sets the device inside a lone partition, not around it: captured with another device
+    current, its kernels went to a stream that was not being captured."""
+    torch.cuda.set_device(0)
+    model = _mlp().to("cuda:1")
+    compiled = torch.compile(model, backend="grace", options=options)
+    for _ in range(5):
+        x = torch.randn(16, 32, device="cuda:1")
+        torch.testing.assert_close(compiled(x), model(x))
+    stats = [s for g in grace.REPORTS for s in g.partitions if s.graph == grace.REPORTS[-1].graph]
+    captured = [s for s in stats if s.status == "captured"]
+    assert captured or all(s.status == "declined" for s in stats), stats
+    assert all(s.replays >= 2 and s.nodes["kernel"] >= 2 for s in captured), captured
+
+
 def test_training_captures_forward_and_backward_and_matches_eager():
     model, twin = _mlp(), _mlp()
     compiled = torch.compile(model, backend="grace", options=RUNTIME)
