@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from grace import cuda_driver
-from grace.recording import Recording, may_write, narrow, placeholder
+from grace.recording import Recording, may_write, narrow, passed_through, placeholder
 from grace.snapshot import Snapshot
 
 log = logging.getLogger("grace")
@@ -164,6 +164,7 @@ class Indirection:
                 untouchable |= {i for i, (base, size) in ranges.items()
                                 if any(base <= a < base + size for a in cuda_driver.copy_addresses(node, kind))}
         found = {i for n in self.nodes for i in n.inputs}
+        self.untouchable = untouchable
         self.inputs = found - untouchable  # inputs PI serves: every use of them is a patchable site
         self.reasons = {i: "a memcpy or memset node reads it" for i in untouchable} | {
             i: "no kernel parameter points into it" for i in ranges if i not in found and i not in untouchable}
@@ -215,25 +216,29 @@ def difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class Pointing:
-    """PI on one recording: which of its copied inputs the graph reads in place, and the replay path."""
+    """PI on one recording: which of its copied inputs the graph reads in place, and the replay path.
+    `passed`: the served inputs that the partition returns (saved for backward), as (output, input,
+    view of it or None): a replay that reads such an input in place returns it, not its placeholder;
+    `free` of those, the ones no node reads (nothing to point)."""
 
-    def __init__(self, recording: Recording, indirection: Indirection):
-        self.recording, self.indirection = recording, indirection
+    def __init__(self, recording: Recording, indirection: Indirection,
+                 passed: list[tuple[int, int, tuple | None]] = (), free: frozenset[int] = frozenset()):
+        self.recording, self.indirection, self.passed, self.free = recording, indirection, list(passed), free
         self.alignments = [alignment(p.data_ptr()) for p in recording.placeholders]
 
     @property
     def inputs(self) -> set[int]:
-        return self.indirection.inputs
+        return self.indirection.inputs | self.free
 
     @property
     def patched_nodes(self) -> int:
         return self.indirection.patched_nodes
 
-    def point(self, args: list) -> None:
+    def point(self, args: list) -> set[int]:
         """Before a replay: the graph reads each served input where it lies; an input whose layout is not
         the recorded one (less aligned than its placeholder, other strides) and every unserved input is
-        copied."""
-        r, served, ptrs, dst, src = self.recording, self.indirection.inputs, {}, [], []
+        copied. Returns the inputs read in place."""
+        r, served, ptrs, dst, src = self.recording, self.inputs, {}, [], []
         for i, p, fill, align in zip(r.copied, r.placeholders, r.fills, self.alignments):
             a = args[i]
             if i in served and a.data_ptr() % align == 0 and a.stride() == p.stride():
@@ -245,11 +250,16 @@ class Pointing:
         self.indirection.point(ptrs)
         if dst:
             torch._foreach_copy_(dst, src)
+        return {i for i, ptr in ptrs.items() if ptr == args[i].data_ptr()}
 
     def to_placeholders(self) -> None:
         """Point the nodes back at the placeholders, where copies land."""
         r = self.recording
         self.indirection.point({i: p.data_ptr() for i, p in zip(r.copied, r.placeholders) if i in self.inputs})
+
+
+def placeholder_storage(r: Recording, i: int) -> int:
+    return r.placeholders[r.copied.index(i)].untyped_storage().data_ptr()
 
 
 def check(recording: Recording, args: list) -> tuple[Pointing | None, list[str]]:
@@ -259,26 +269,36 @@ def check(recording: Recording, args: list) -> tuple[Pointing | None, list[str]]
     r = recording
     if r.graph is None:
         return None, ["PI: no CUDA graph to patch"]
-    # A placeholder the partition returns (an input saved for backward) must hold the input's data.
-    returned = {t.untyped_storage().data_ptr() for t in r.tensors}
-    reasons = [f"PI: input {i}: returned as an output (saved for backward), so copied"
-               for i, p in zip(r.copied, r.placeholders) if p.untyped_storage().data_ptr() in returned]
+    # An input the partition returns (saved for backward, or a view of it): read in place, the replay
+    # returns the input itself where it would return the placeholder. Not an expanded one (its
+    # placeholder holds one element along the expanded dims).
+    placeholders = [None] * len(r.ptrs)
+    for i, p in zip(r.copied, r.placeholders):
+        placeholders[i] = p
+    returning = passed_through(r.outputs, placeholders, r.copied)
+    expanded = {i for _, i, _ in returning if i in r.expanded}
+    reasons = [f"PI: input {i}: returned as an output (saved for backward) and expanded, so copied"
+               for i in sorted(expanded)]
     written = {i for i, _ in r.written}
     reasons += [f"PI: input {i}: written by the partition, so copied in and back" for i in sorted(written)]
     ranges = {i: (p.data_ptr(), p.untyped_storage().nbytes()) for i, p in zip(r.copied, r.placeholders)
-              if p.untyped_storage().data_ptr() not in returned and i not in written}
+              if i not in written and i not in expanded}
     if not ranges:
         return None, reasons
     try:
         indirection = Indirection(r.graph.raw_cuda_graph(), r.graph.raw_cuda_graph_exec(), ranges)
     except Exception as e:  # an unexpected node or driver answer: copies, as stock does
         return None, reasons + [f"PI: could not read the graph's kernel parameters ({type(e).__name__}: {e})"]
-    reasons += [f"PI: input {i}: {why}" for i, why in indirection.reasons.items()]
-    if not indirection.inputs:
+    # a returned input that no node reads needs no pointing: the replay returns it, and nothing copies it
+    free = frozenset(i for _, i, _ in returning if i in ranges and i not in indirection.inputs
+                     and i not in indirection.untouchable)
+    reasons += [f"PI: input {i}: {why}" for i, why in indirection.reasons.items() if i not in free]
+    if not indirection.inputs and not free:
         return None, reasons
+    passed = [(j, i, view) for j, i, view in returning if i in indirection.inputs or i in free]
     snapshot = Snapshot(may_write(args, r.writable))
     try:
-        pointing, why = _check(r, args, Pointing(r, indirection), snapshot)
+        pointing, why = _check(r, args, Pointing(r, indirection, passed, free), snapshot)
         return pointing, reasons + why
     finally:
         snapshot.restore()
@@ -286,15 +306,19 @@ def check(recording: Recording, args: list) -> tuple[Pointing | None, list[str]]
 
 def _check(r: Recording, args: list, pointing: Pointing, snapshot: Snapshot) -> tuple[Pointing | None, list[str]]:
     """Every replay starts from the inputs and placeholders as this call has them."""
+    # Outputs that are served inputs passed through are not compared: a replay reading those inputs in
+    # place returns the inputs themselves (their placeholders hold the check's poison then)
+    through = {placeholder_storage(r, i) for _, i, _ in pointing.passed}
+    compared = [t for t in r.tensors if t.untyped_storage().data_ptr() not in through]
     r.copy_inputs(args)
     r.replay_graph()
-    reference = [t.clone() for t in r.tensors]
+    reference = [t.clone() for t in compared]
     snapshot.restore()
     # A graph may differ from itself from replay to replay (atomic adds in backward kernels sum in
     # any order): a second replay on the same copies measures by how much.
     r.copy_inputs(args)
     r.replay_graph()
-    jitter = [difference(t, ref) for t, ref in zip(r.tensors, reference)]
+    jitter = [difference(t, ref) for t, ref in zip(compared, reference)]
     snapshot.restore()
     for i, fill in zip(r.copied, r.fills):  # a node still reading a placeholder would show
         if i in pointing.inputs:
@@ -310,7 +334,7 @@ def _check(r: Recording, args: list, pointing: Pointing, snapshot: Snapshot) -> 
             narrow(check_args[i], dims).copy_(narrow(args[i], dims))
     pointing.point(check_args)
     r.replay_graph()
-    off = [difference(t, ref) for t, ref in zip(r.tensors, reference)]
+    off = [difference(t, ref) for t, ref in zip(compared, reference)]
     # (an output that differs between the two replays other than in floating-point values, j = inf,
     # vouches for nothing: it must then come out bitwise equal)
     bad = [(o, j) for o, j in zip(off, jitter) if o > JITTER_FACTOR * j or (o and math.isinf(j))]

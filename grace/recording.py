@@ -118,12 +118,13 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.storage_offset(), t.storage_offset() + last + 1
 
 
-def _passed_through(outputs, args: list, inputs: list[int]) -> list[tuple[int, int, tuple | None]]:
+def passed_through(outputs, args: list, inputs: list[int]) -> list[tuple[int, int, tuple | None]]:
     """The outputs that are one of `inputs`, or a view of one (in its dtype, within its span): (output,
     input, None) or (output, input, (size, stride, offset from the input's)). A replay returns them made
-    from that call's input, so that the recording keeps no reference to a caller's tensor: kept, an
-    upstream graph's output passed through here (a forward returning an activation it saves for
-    backward) would look held for ever, and the upstream partition would run without its graph."""
+    from that call's input: an in-place input's, so that the recording keeps no reference to a caller's
+    tensor (kept, an upstream graph's output passed through here, a forward returning an activation it
+    saves for backward, would look held for ever, and the upstream partition would run without its
+    graph); an input PI reads in place (grace.pi), so that no copy is needed to return it."""
     where: dict[int, list[int]] = {}  # storage address -> those of `inputs` in it
     for i in inputs:
         where.setdefault(args[i].untyped_storage().data_ptr(), []).append(i)
@@ -187,7 +188,7 @@ class Recording:
         outputs = self.outputs if isinstance(self.outputs, (list, tuple)) else ()
         # (not a static input's: a parameter's memory is never checked for being held, and a view of one
         # made anew on each replay would cost the host a few us per output)
-        self.passed = _passed_through(outputs, args, [i for i in in_place if i not in static])
+        self.passed = passed_through(outputs, args, [i for i in in_place if i not in static])
         if self.passed:
             outputs = list(outputs)
             for j, _, _ in self.passed:
@@ -285,12 +286,14 @@ class Recording:
         return f"output {k}: {describe(self.tensors[k])}"
 
     def replay(self, args: list) -> Any:
+        passed = [(j, args[i], view) for j, i, view in self.passed] if self.passed else None  # before args.clear()
         if self.pi is not None and self.pi_on:
-            self.pi.point(args)
+            here = self.pi.point(args)
+            if self.pi.passed:  # served inputs the partition returns, where read in place this time
+                passed = (passed or []) + [(j, args[i], view) for j, i, view in self.pi.passed if i in here]
         elif self.copied:
             self.copy_inputs(args)
         written = [args[i] for i, _ in self.written] if self.written else None
-        passed = [(j, args[i], view) for j, i, view in self.passed] if self.passed else None  # before args.clear()
         args.clear()
         self.replay_graph()
         if written:

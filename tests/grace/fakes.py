@@ -70,12 +70,16 @@ class _Repointable:
 
     def __init__(self, fn, graph_args, noise):
         self.fn, self.reads, self.noise = fn, list(graph_args), noise
-        self.outputs = fn([a.clone() for a in graph_args])
+        self.outputs = fn(list(graph_args))  # as a capture: an output may be an argument itself
+        # what a replay writes: not an argument passed through (no kernel writes it)
+        self.own = [all(o.untyped_storage().data_ptr() != a.untyped_storage().data_ptr() for a in graph_args)
+                    for o in self.outputs]
         self.order = torch.Generator().manual_seed(0)  # not the RNG state that SCG and PI put back
 
     def replay(self):
-        for out, fresh in zip(self.outputs, self.fn(list(self.reads))):
-            out.copy_(fresh + self.noise * torch.randn(fresh.shape, generator=self.order))
+        for out, own, fresh in zip(self.outputs, self.own, self.fn(list(self.reads))):
+            if own:
+                out.copy_(fresh + self.noise * torch.randn(fresh.shape, generator=self.order))
 
     def raw_cuda_graph(self):
         return 0
@@ -83,11 +87,12 @@ class _Repointable:
     raw_cuda_graph_exec = raw_cuda_graph
 
 
-def _repointable_part(monkeypatch, noise=0.0, repoints=True):
-    """A partition (y = x * w + 1, w static) with PI on, captured in _Repointable stand-ins whose PI
-    serves x: point() makes the stand-in read the live tensor at that address (unless `repoints` is
-    off: a reader left on its placeholder). Returns the partition, its stats and live(x), which
-    registers a caller's tensor by address."""
+def _repointable_part(monkeypatch, noise=0.0, repoints=True, fn=None):
+    """A partition (y = x * w + 1, w static; or `fn` of x, w and more) with PI on, captured in
+    _Repointable stand-ins whose PI serves x, the first input, the one its kernel reads: point() makes
+    the stand-in read the live tensor at that address (unless `repoints` is off: a reader left on its
+    placeholder). Returns the partition, its stats and live(x), which registers a caller's tensor by
+    address."""
     graphs, live = [], {}
 
     def capture(fn, graph_args):
@@ -98,6 +103,7 @@ def _repointable_part(monkeypatch, noise=0.0, repoints=True):
     class Indirection:
         def __init__(self, raw_graph, raw_exec, ranges):
             self.graph, self.inputs, self.reasons, self.nodes = graphs[-1], {0}, {}, ["node"]
+            self.untouchable: set[int] = set()
             self.placeholder = self.graph.reads[0]
 
         def point(self, ptrs):
@@ -106,9 +112,17 @@ def _repointable_part(monkeypatch, noise=0.0, repoints=True):
 
     monkeypatch.setattr(recording, "capture", capture)
     monkeypatch.setattr(pi, "Indirection", Indirection)
-    part, stats = _part(_partition_fn([]), static={1})
+    part, stats = _part(fn or _partition_fn([]), static={1})
     part.pi = True
     return part, stats, lambda x: live.setdefault(x.data_ptr(), x)
+
+
+def _returns_its_inputs(args):
+    """y = x * w + 1, returned with x and z as they came (a training forward's inputs saved for backward;
+    no kernel reads z)."""
+    x, w, z = args
+    args.clear()
+    return (x * w + 1, x, z[1:])
 
 
 def _add_one_then_scale(args):

@@ -462,6 +462,26 @@ def test_pi_in_training_serves_the_backward_inputs_and_matches_eager():
     assert sum(s.pi_inputs for s in backward) >= 1 and sum(s.copy_bytes_per_replay for s in backward) == 0, backward
 
 
+def test_pi_in_training_reads_the_inputs_saved_for_backward_in_place():
+    """The forward returns its input, saved for the first layer's weight gradient: PI reads it in place,
+    the replay hands the caller's tensor on to the backward (copied into a placeholder until now), and
+    each step's gradients match eager's."""
+    model, twin = _mlp(), _mlp()
+    compiled = torch.compile(model, backend="grace", options={"pi": True, "cgct": False, "scg": False})
+    for step in range(5):
+        x = torch.randn(16, 32, device="cuda")
+        for m in (compiled, twin):
+            m.zero_grad(set_to_none=True)
+            m(x).square().mean().backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step}: {m}")
+    stats = [s for g in grace.REPORTS for s in g.partitions if s.graph == grace.REPORTS[-1].graph]
+    assert {s.backward for s in stats} == {False, True}
+    assert all(s.status == "captured" and s.replays >= 3 for s in stats), stats
+    forward = [s for s in stats if not s.backward]
+    assert sum(s.pi_inputs for s in forward) >= 1 and sum(s.copy_bytes_per_replay for s in forward) == 0, forward
+
+
 @pytest.mark.parametrize("options", [{"pi": True, "scg": False}, {"pi": True, "scg": True}])
 def test_a_backward_graph_run_again_within_a_call_leaves_each_steps_gradients_right(options):
     """PI's check and SCG's timings run a partition more than once within one call. A backward graph that

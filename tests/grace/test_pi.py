@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grace import pi
-from tests.grace.fakes import _repointable_part
+from tests.grace.fakes import _repointable_part, _returns_its_inputs
 
 
 @pytest.mark.parametrize("noise, repoints, served", [(0.0, True, True),    # deterministic
@@ -26,6 +26,29 @@ def test_pi_check_allows_a_graphs_own_noise_and_catches_a_reader_left_on_the_pla
     assert stats.copy_bytes_per_replay == (0 if served else 16)
     if not served:
         assert stats.pi_reasons[-1].startswith("PI: the graph reading inputs in place disagreed with the graph on copies")
+
+
+def test_pi_serves_inputs_the_partition_returns_and_the_replay_returns_the_inputs_themselves(cpu_graphs,
+                                                                                               monkeypatch):
+    """A training forward returns the inputs it saves for backward (DR-T's batch): PI
+    reads them in place, one its kernel reads (x) and one that no kernel reads (z, returned as a view),
+    and the replay hands back the caller's tensors, not their placeholders. A call whose input is less
+    aligned than its placeholder copies it, and gets the placeholder back."""
+    part, stats, live = _repointable_part(monkeypatch, fn=_returns_its_inputs)
+    w = torch.full((4,), 2.0)
+    for _ in range(4):
+        x, z = live(torch.randn(4)), torch.randn(3)
+        y, saved, rest = part([x, w, z])
+        torch.testing.assert_close(y, x * w + 1)
+        assert saved is x and rest._base is z and torch.equal(rest, z[1:])
+        del y, saved, rest
+    assert stats.pi_inputs == 2 and stats.copy_bytes_per_replay == 0, stats.pi_reasons
+    (recording,) = part.recordings[()]
+    x = live(torch.randn(8)[4:])
+    assert pi.alignment(x.data_ptr()) < pi.alignment(recording.placeholders[0].data_ptr())
+    y, saved, rest = part([x, w, torch.randn(3)])
+    torch.testing.assert_close(y, x * w + 1)
+    assert saved is recording.outputs[1] and torch.equal(saved, x)
 
 
 def test_pi_copies_an_input_less_aligned_than_its_placeholder(cpu_graphs, monkeypatch):
