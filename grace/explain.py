@@ -5,7 +5,7 @@ backend, calls it three times (warm-up, recording, replay; the last under torch.
 the kernels launched inside and outside graphs) and reports, per partition of every graph
 compiled on the way: captured or not and why, graph nodes by kind (kernels inside the graph), replays
 and calls without the graph in the last call, inputs read in place and inputs copied, bytes copied per
-replay, SCG's decision; and per graph what CGCT changed and the compiled graphs that have no partition at
+replay (and the largest copies, with where each input comes from), SCG's decision; and per graph what CGCT changed and the compiled graphs that have no partition at
 all (kernels that run outside any graph).
 """
 
@@ -91,6 +91,10 @@ class Explanation:
             "pi_inputs": total("inputs_pi"),
             "moving_inputs_copied": total("inputs_moving"),  # in place, until they kept moving
             "pi_left_to_copy": sorted({why for g in self.graphs for s in g.partitions for why in s.pi_reasons}),
+            "largest_copies": [f"graph {s.graph} {'backward' if s.backward else 'forward'} partition {s.partition} "
+                               f"{what}: {n} bytes" for n, s, what in sorted(
+                                   ((n, s, what) for g in self.graphs for s in g.partitions
+                                    for n, what in s.largest_copies), key=lambda c: -c[0])[:5]],
             "scg": self.scg_decisions(),
             "cgct": [note for g in self.graphs for note in g.cgct],
             "notes": [note for g in self.graphs for note in g.notes],

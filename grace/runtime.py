@@ -68,6 +68,8 @@ class Stats:
     pi_inputs: int = 0  # copied inputs that PI reads in place instead (latest recording)
     pi_reasons: list[str] = dataclasses.field(default_factory=list)  # why PI left an input to the copy
     moving_inputs: int = 0  # in-place inputs copied (or read through PI) because they kept moving
+    largest_copies: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (bytes, what) of the
+    # latest recording's largest copied inputs, and where they come from
 
 
 _LIVE: weakref.WeakSet[PartitionGraph] = weakref.WeakSet()  # every partition wrapper alive in this process
@@ -199,7 +201,20 @@ class PartitionGraph:
         s.in_place_inputs, s.copied_inputs, s.pi_inputs = len(in_place), len(copied), len(recording.pi_inputs)
         s.moving_inputs = len(moving & set(copied))
         s.copy_bytes_per_replay = recording.copy_bytes
+        s.largest_copies = self._largest_copies(recording, args, moving)
         return recording
+
+    def _largest_copies(self, recording: Recording, args: list, moving: set[int], most: int = 3) -> list[tuple[int, str]]:
+        """The copied inputs that PI does not read in place, largest first: which, and where each comes
+        from (a copy a stock graph tree would make too, or one GraCE makes of an input it would read in
+        place had it not kept moving)."""
+        produced = self.partition.produced
+        sizes = sorted(((f.numel() * f.element_size(), i) for i, f in zip(recording.copied, recording.fills)
+                        if i not in recording.pi_inputs), reverse=True)[:most]
+        return [(n, f"input {i}: {describe(args[i])}, "
+                    + ("kept moving" if i in moving else "made between partitions of its graph outside any graph"
+                       if produced is not None and i in produced else "a graph input" if produced is not None
+                       else "not a parameter or buffer")) for n, i in sizes]
 
     def _select(self, recording: Recording, args: list) -> bool:
         """SCG for this recording, decided on this call's inputs (grace.scg). Whether to keep the graph."""

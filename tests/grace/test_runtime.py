@@ -8,6 +8,8 @@ import torch
 
 import grace
 from grace import recording, runtime
+from grace.backend import GraphReport
+from grace.explain import Explanation
 from grace.torch_adapter import Partition
 from tests.grace.fakes import (_add_one_then_scale, _capture_on_the_arguments, _each_somewhere_new, _first_n_doubled,
                                _mlp, _part, _partition_fn, fake_capture)
@@ -24,6 +26,19 @@ def test_runtime_records_then_replays_copying_only_non_static_inputs(cpu_graphs)
         del y
     assert stats.status == "captured" and stats.recordings == 1 and stats.replays == 4 and stats.eager_calls == 0
     assert (stats.in_place_inputs, stats.copied_inputs, stats.copy_bytes_per_replay) == (1, 1, 16)
+
+
+@pytest.mark.parametrize("produced, source", [(None, "not a parameter or buffer"), ((), "a graph input"),
+                                              ((0,), "made between partitions of its graph outside any graph")])
+def test_the_largest_copied_inputs_are_named_with_where_they_come_from(cpu_graphs, produced, source):
+    part, stats = _part(_partition_fn([]), static={1}, produced=produced)
+    w = torch.full((4,), 2.0)
+    for _ in range(3):
+        part([torch.randn(4), w])
+    assert stats.largest_copies == [(16, f"input 0: float32 [4], {source}")]
+    report = GraphReport(0, grace.Options(), partitions=[stats])
+    e = Explanation([report], {}, {})
+    assert e.summary()["largest_copies"] == [f"graph 0 forward partition 0 input 0: float32 [4], {source}: 16 bytes"]
 
 
 def test_runtime_copies_an_expanded_input_into_an_expanded_placeholder(cpu_graphs):
