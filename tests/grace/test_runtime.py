@@ -387,9 +387,10 @@ def _runtime_compiler(made: list, backward: bool = False, static=lambda example_
     return compile
 
 
-def _train_beside_eager(fw_compiler, bw_compiler, steps: int, set_to_none: bool = True):
+def _train_beside_eager(fw_compiler, bw_compiler, steps: int, set_to_none: bool = True, micro: int = 1):
     """`steps` SGD steps of an MLP compiled with these AOTAutograd compilers and of its eager twin, on the
-    same inputs; parameters and gradients compared after each. Returns the compiled model's module."""
+    same inputs, each summing the gradients of `micro` micro-batches; parameters and gradients compared
+    after each. Returns the compiled model's module."""
     from torch._dynamo.backends.common import aot_autograd
 
     torch.compiler.reset()  # static shapes: earlier tests compiled the same module type
@@ -397,10 +398,11 @@ def _train_beside_eager(fw_compiler, bw_compiler, steps: int, set_to_none: bool 
     compiled = torch.compile(model, backend=aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler))
     opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
     for _ in range(steps):
-        x = torch.randn(3, 8)
+        x = torch.randn(3 * micro, 8)
         for m, o in ((compiled, opt), (twin, opt_twin)):
             o.zero_grad(set_to_none=set_to_none)
-            m(x).square().mean().backward()
+            for batch in x.chunk(micro):
+                m(batch).square().mean().backward()
             o.step()
         for p, q in zip(model.parameters(), twin.parameters()):
             torch.testing.assert_close(p, q)
@@ -487,6 +489,19 @@ def test_a_call_inside_the_callers_own_capture_runs_the_partition_and_leaves_the
     capturing[0] = False
     call()
     assert stats.status == "captured" and (stats.recordings, stats.replays) == (1, 3)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradients_summed_over_micro_batches_match_eager(cpu_graphs, set_to_none):
+    """Gradient accumulation: the first micro-batch's gradients are the backward graph's output memory,
+    taken by autograd as they are, and the second backward adds into them: its replay must not be the
+    one whose outputs those gradients are."""
+    backwards = []
+    _train_beside_eager(_runtime_compiler([]), _runtime_compiler(backwards, backward=True), 5, set_to_none, micro=2)
+    (stats,) = backwards
+    # set to None, the first micro-batch's gradients are a recording's outputs, held: the second takes a
+    # twin; zeroed in place, they are the first step's own tensors, and one recording serves throughout
+    assert stats.status == "captured" and stats.replays >= 8 and stats.recordings == (2 if set_to_none else 1), stats
 
 
 def test_partition_with_cpu_inputs_runs_without_graph_and_says_why():
