@@ -374,6 +374,21 @@ def training_step(device, compile):
     return _training(_mlp(), device, compile, 4, 16)
 
 
+@hazard
+def gradient_accumulation(device, compile):
+    """Two micro-batches' gradients summed into the same .grad tensors (zeroed in place, not set to
+    None): the second backward's replay must not write where the first one's gradients are held."""
+    model = _mlp().to(device)
+    compiled = compile(model)
+
+    def step(x):
+        model.zero_grad(set_to_none=False)
+        for half in x.chunk(2):
+            compiled(half).float().square().mean().backward()
+        return [p.grad.clone() for p in model.parameters()]
+    return Program(step, _x(device, 8, 16))
+
+
 # --- Dtypes, layouts, grad modes -----------------------------------------------------------------
 
 @hazard
