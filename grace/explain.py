@@ -35,7 +35,8 @@ class Explanation:
                 key = (s.graph, s.backward, s.partition)
                 nodes = s.nodes or {}
                 rows.append({"graph": s.graph, "pass": "backward" if s.backward else "forward",
-                             "partition": s.partition, "status": str(s.status), "recordings_kept": s.kept,
+                             "partition": s.partition, "status": str(s.status), "calls": s.calls,
+                             "recordings_kept": s.kept,
                              "kernels_in_graph": nodes.get("kernel"), "replays": self.replays_last_call.get(key, 0),
                              "without_graph": self.eager_last_call.get(key, 0),
                              "inputs_in_place": s.in_place_inputs, "inputs_copied": s.copied_inputs - s.pi_inputs,
@@ -84,7 +85,7 @@ class Explanation:
             "kernels_in_graphs": total("kernels_in_graph", "replays"),
             "kernels_launched": self.kernels.kernels if self.kernels else None,
             "kernels_outside_graphs": self.kernels.kernels - self.kernels.in_graphs if self.kernels else None,
-            "not_captured": sorted({r["reason"] or "warm-up: not yet called twice at the same sizes"
+            "not_captured": sorted({r["reason"] or f"warm-up: called {r['calls']}x, not yet twice at the same sizes"
                                     for r in rows if r["status"] != "captured"}),
             "without_graph": sorted({r["reason"] or "a first call at new sizes, or SCG's choice at these sizes"
                                      for r in rows if r["status"] == "captured" and r["without_graph"]}),

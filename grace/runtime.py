@@ -54,6 +54,7 @@ class Stats:
     partition: int
     status: Status = Status.WARM_UP
     reason: str | None = None  # why not captured (eager), or why a call ran without the graph
+    calls: int = 0
     recordings: int = 0
     recorded_for: dict[str, int] = dataclasses.field(default_factory=dict)  # recordings by why: the first at a
     # set of sizes, a new call site, a moved input, a twin (outputs held)
@@ -93,7 +94,6 @@ class PartitionGraph:
         self.scalars: list[int] | None = None
         self.warmed: set[tuple] = set()  # sizes seen once (warm-up): the next call at them records
         self.declined: set[tuple] = set()  # sizes SCG runs without a graph (their recording freed)
-        self.calls = 0
         self.seen: list | None = None  # while grace.lean watches a call: each call's arguments and result
         # One call at a time: threads that call one compiled model together would otherwise both pick the
         # recording whose outputs nobody holds yet, and one's replay write over the other's result
@@ -120,7 +120,7 @@ class PartitionGraph:
                 log.info("grace: graph %d partition %d runs without a CUDA graph: %s",
                          self.stats.graph, self.stats.partition, reason)
             self.stats.reason = reason
-        if self.calls > 1:
+        if self.stats.calls > 1:
             self.stats.eager_calls += 1
         return self.fn(args)
 
@@ -275,7 +275,7 @@ class PartitionGraph:
             return self._eager(args, f"GraCE runtime error: {_error(e)}", final=True)
 
     def _call(self, args: list) -> Any:
-        self.calls += 1
+        self.stats.calls += 1
         if self.stats.status == Status.EAGER:
             return self._eager(args)
         if rec.caller_capturing():

@@ -87,12 +87,12 @@ def test_explain_says_why_calls_of_captured_partitions_ran_without_their_graphs(
                          recorded_for={"first at these sizes": 1, "twin": 1}, kept=2)
     warm = runtime.Stats(0, False, 1, status="captured", recorded_for={"first at these sizes": 1}, kept=1)
     replayed = runtime.Stats(0, True, 2, status="captured", reason="an old reason")
-    new_sizes = runtime.Stats(0, True, 3)  # called once at each of its sizes: still warming up, no reason kept
+    new_sizes = runtime.Stats(0, True, 3, calls=1)  # called once: still warming up, no reason kept
     e = Explanation([GraphReport(0, Options(), partitions=[held, warm, replayed, new_sizes])],
                     replays_last_call={(0, True, 2): 1},
                     eager_last_call={(0, False, 0): 2, (0, False, 1): 1, (0, True, 3): 1})
     s = e.summary()
-    assert s["not_captured"] == ["warm-up: not yet called twice at the same sizes"]  # was [""]
+    assert s["not_captured"] == ["warm-up: called 1x, not yet twice at the same sizes"]  # was [""]
     assert s["calls_without_graph"] == 4 and s["replays_per_call"] == 1
     assert s["without_graph"] == ["a first call at new sizes, or SCG's choice at these sizes",
                                   "outputs of the previous replays were still held"]
