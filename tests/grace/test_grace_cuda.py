@@ -442,6 +442,18 @@ def test_pi_with_a_static_input_that_changes_identity():
         torch.testing.assert_close(compiled(x), model(x))
 
 
+def _gradients_beside_eager(compiled, model, twin, steps, make_input, loss=lambda y: y.square().mean(), atol=1e-5):
+    """`steps` backward passes of `compiled` (over `model`) and of its eager `twin` on the same inputs,
+    the gradients compared after each."""
+    for step in range(steps):
+        x = make_input()
+        for m in (compiled, twin):
+            m.zero_grad(set_to_none=True)
+            loss(m(x)).backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=atol, msg=lambda m: f"step {step}: {m}")
+
+
 def test_pi_in_training_serves_the_backward_inputs_and_matches_eager():
     """The backward of `model(ids).sum()` reads the gradient of a sum, an expanded tensor (stride 0),
     and its embedding backward adds atomically, so that its graph differs from itself in the last bits
@@ -450,13 +462,8 @@ def test_pi_in_training_serves_the_backward_inputs_and_matches_eager():
     model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 32)).cuda()
     twin = copy.deepcopy(model)
     compiled = torch.compile(model, backend="grace", options={"pi": True, "cgct": False, "scg": False})
-    for _ in range(4):
-        ids = torch.randint(0, 8, (4096,), device="cuda")  # few rows, many atomic adds into each
-        for m in (compiled, twin):
-            m.zero_grad(set_to_none=True)
-            m(ids).sum().backward()
-        for p, q in zip(model.parameters(), twin.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-3)
+    _gradients_beside_eager(compiled, model, twin, 4, lambda: torch.randint(0, 8, (4096,), device="cuda"),
+                            loss=torch.sum, atol=1e-3)  # few rows, many atomic adds into each
     backward = [s for g in grace.REPORTS for s in g.partitions if s.graph == grace.REPORTS[-1].graph and s.backward]
     assert backward and all(s.status == "captured" and s.replays >= 2 for s in backward), backward
     assert sum(s.pi_inputs for s in backward) >= 1 and sum(s.copy_bytes_per_replay for s in backward) == 0, backward
@@ -468,13 +475,7 @@ def test_pi_in_training_reads_the_inputs_saved_for_backward_in_place():
     each step's gradients match eager's."""
     model, twin = _mlp(), _mlp()
     compiled = torch.compile(model, backend="grace", options={"pi": True, "cgct": False, "scg": False})
-    for step in range(5):
-        x = torch.randn(16, 32, device="cuda")
-        for m in (compiled, twin):
-            m.zero_grad(set_to_none=True)
-            m(x).square().mean().backward()
-        for p, q in zip(model.parameters(), twin.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step}: {m}")
+    _gradients_beside_eager(compiled, model, twin, 5, lambda: torch.randn(16, 32, device="cuda"))
     stats = [s for g in grace.REPORTS for s in g.partitions if s.graph == grace.REPORTS[-1].graph]
     assert {s.backward for s in stats} == {False, True}
     assert all(s.status == "captured" and s.replays >= 3 for s in stats), stats
@@ -491,13 +492,8 @@ def test_a_backward_graph_run_again_within_a_call_leaves_each_steps_gradients_ri
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()
     twin = copy.deepcopy(model)
     compiled = torch.compile(model, backend="grace", options=options)
-    for step in range(4):  # warm-up, record (PI's check, SCG's timings), replays
-        x = torch.randn(32, 64, device="cuda")
-        for m in (compiled, twin):
-            m.zero_grad(set_to_none=True)
-            m(x).square().mean().backward()
-        for p, q in zip(model.parameters(), twin.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"step {step}: {m}")
+    # warm-up, record (PI's check, SCG's timings), replays
+    _gradients_beside_eager(compiled, model, twin, 4, lambda: torch.randn(32, 64, device="cuda"))
     backward = [s for g in grace.REPORTS for s in g.partitions if s.graph == grace.REPORTS[-1].graph and s.backward]
     assert backward and all(s.recordings >= 1 for s in backward), backward
 
