@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import stats
+from experiments.environment import code_hash
 from experiments.figures import (BASELINE, acronym, frame, geomean_interval, intervals, json_lines, label, measured_at,
                                  one_session, padded_otherwise, speedups, widen, worker_noise)
 from experiments.records import Record, latest, valid_since
@@ -222,6 +223,14 @@ def _padded_otherwise(records: Sequence[Record]) -> dict[str, str]:
     return {name: ", ".join(variants) for name, variants in apart.items()}
 
 
+def code_note(records: Sequence[Record], code: str | None = None) -> str:
+    """Whether the records describe the code as checked out (`code`: its hash; by default this tree's)."""
+    code = code or code_hash()
+    at = sum(r.status == "ok" and r.env.get("code") == code for r in records)
+    return (f"The code checked out with these results (grace/, experiments/ and conf/) hashes to {code}; "
+            f"{at} of the {sum(r.status == 'ok' for r in records)} ok records were made with it.")
+
+
 def environment(records: Sequence[Record]) -> pd.DataFrame:
     """Where the numbers come from: each distinct GPU, driver, torch, triton and host, with the dates."""
     df = frame(records)
@@ -314,7 +323,7 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
               _markdown(gap := host_gap(records, variants[-1]),
                         tuple(".3g" if c in ("time / GPU time", "time / floor", "gap ms") else ".0f"
                               for c in gap.columns))),
-             ("The records", _markdown(caveats(records, variants), "")),
+             ("The records", _markdown(caveats(records, variants), "") + "\n\n" + code_note(records)),
              ("Environment", environment(records).reset_index().to_markdown(index=False))]
     return "\n".join(f"\n### {title}\n\n{table}\n" for title, table in parts)
 

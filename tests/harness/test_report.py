@@ -361,3 +361,11 @@ def test_grace_against_the_best_stock_variant_is_judged_on_its_sessions_rounds()
     assert t.loc["e eval b1", "verdict"] == "within noise"
     records[2].session = "another"  # grace measured in another session: no paired rounds, no verdict
     assert pd.isna(report.within_best_stock(records).loc["d eval b1", "verdict"])
+
+
+def test_the_results_say_how_many_records_the_code_checked_out_made():
+    at = dataclasses.replace(RECORDS[0], env={**RECORDS[0].env, "code": "abc"})
+    records = [at, *RECORDS[1:]]  # 8 ok records, one of them made at code abc
+    assert report.code_note(records, "abc").endswith("hashes to abc; 1 of the 8 ok records were made with it.")
+    assert "0 of the 8 ok records" in report.code_note(records, "def")
+    assert "hashes to" in report.summary(_as_paper(RECORDS))
