@@ -276,13 +276,21 @@ def check(recording: Recording, args: list) -> tuple[Pointing | None, list[str]]
     for i, p in zip(r.copied, r.placeholders):
         placeholders[i] = p
     returning = passed_through(r.outputs, placeholders, r.copied)
+    # An output in a placeholder's memory that is not such a view (another dtype, beyond the input's
+    # span) can only be what the graph computes there: that input stays copied
+    storage = {p.untyped_storage().data_ptr(): i for i, p in zip(r.copied, r.placeholders)}
+    rebuilt = {j for j, _, _ in returning}
+    other = {storage[o.untyped_storage().data_ptr()] for j, o in enumerate(r.outputs or ())
+             if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in storage and j not in rebuilt}
     expanded = {i for _, i, _ in returning if i in r.expanded}
     reasons = [f"PI: input {i}: returned as an output (saved for backward) and expanded, so copied"
-               for i in sorted(expanded)]
+               for i in sorted(expanded - other)]
+    reasons += [f"PI: input {i}: returned as an output in another dtype or shape, so copied" for i in sorted(other)]
+    returning = [(j, i, view) for j, i, view in returning if i not in other]
     written = {i for i, _ in r.written}
     reasons += [f"PI: input {i}: written by the partition, so copied in and back" for i in sorted(written)]
     ranges = {i: (p.data_ptr(), p.untyped_storage().nbytes()) for i, p in zip(r.copied, r.placeholders)
-              if i not in written and i not in expanded}
+              if i not in written and i not in expanded and i not in other}
     if not ranges:
         return None, reasons
     try:

@@ -102,7 +102,7 @@ def _repointable_part(monkeypatch, noise=0.0, repoints=True, fn=None):
 
     class Indirection:
         def __init__(self, raw_graph, raw_exec, ranges):
-            self.graph, self.inputs, self.reasons, self.nodes = graphs[-1], {0}, {}, ["node"]
+            self.graph, self.inputs, self.reasons, self.nodes = graphs[-1], {0} & set(ranges), {}, ["node"]
             self.untouchable: set[int] = set()
             self.placeholder = self.graph.reads[0]
 
@@ -123,6 +123,13 @@ def _returns_its_inputs(args):
     x, w, z = args
     args.clear()
     return (x * w + 1, x, z[1:])
+
+
+def _returns_its_input_bits(args):
+    """y = x * w + 1, returned with x's bits as int32 (a view PI cannot make from the input)."""
+    x, w = args
+    args.clear()
+    return (x * w + 1, x.view(torch.int32))
 
 
 def _add_one_then_scale(args):

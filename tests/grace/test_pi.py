@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grace import pi
-from tests.grace.fakes import _repointable_part, _returns_its_inputs
+from tests.grace.fakes import _repointable_part, _returns_its_input_bits, _returns_its_inputs
 
 
 @pytest.mark.parametrize("noise, repoints, served", [(0.0, True, True),    # deterministic
@@ -49,6 +49,20 @@ def test_pi_serves_inputs_the_partition_returns_and_the_replay_returns_the_input
     y, saved, rest = part([x, w, torch.randn(3)])
     torch.testing.assert_close(y, x * w + 1)
     assert saved is recording.outputs[1] and torch.equal(saved, x)
+
+
+def test_an_input_returned_in_another_dtype_stays_copied(cpu_graphs, monkeypatch):
+    """Only the graph's copy can be what such an output holds: PI leaves the input to the copy."""
+    part, stats, live = _repointable_part(monkeypatch, fn=_returns_its_input_bits)
+    w = torch.full((4,), 2.0)
+    for _ in range(4):
+        x = live(torch.randn(4))
+        y, bits = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        assert torch.equal(bits, x.view(torch.int32))
+        del y, bits
+    assert stats.pi_inputs == 0 and stats.copy_bytes_per_replay == 16
+    assert stats.pi_reasons == ["PI: input 0: returned as an output in another dtype or shape, so copied"]
 
 
 def test_pi_copies_an_input_less_aligned_than_its_placeholder(cpu_graphs, monkeypatch):
