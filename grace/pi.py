@@ -225,19 +225,16 @@ class Pointing:
                  passed: list[tuple[int, int, tuple | None]] = (), free: frozenset[int] = frozenset()):
         self.recording, self.indirection, self.passed, self.free = recording, indirection, list(passed), free
         self.alignments = [alignment(p.data_ptr()) for p in recording.placeholders]
-
-    @property
-    def inputs(self) -> set[int]:
-        return self.indirection.inputs | self.free
+        self.inputs = indirection.inputs | free  # served: read in place where the layout allows
 
     @property
     def patched_nodes(self) -> int:
         return self.indirection.patched_nodes
 
-    def point(self, args: list) -> set[int]:
+    def point(self, args: list) -> dict[int, int]:
         """Before a replay: the graph reads each served input where it lies; an input whose layout is not
         the recorded one (less aligned than its placeholder, other strides) and every unserved input is
-        copied. Returns the inputs read in place."""
+        copied. Returns where each served input is read (its own address, or its placeholder's)."""
         r, served, ptrs, dst, src = self.recording, self.inputs, {}, [], []
         for i, p, fill, align in zip(r.copied, r.placeholders, r.fills, self.alignments):
             a = args[i]
@@ -250,7 +247,7 @@ class Pointing:
         self.indirection.point(ptrs)
         if dst:
             torch._foreach_copy_(dst, src)
-        return {i for i, ptr in ptrs.items() if ptr == args[i].data_ptr()}
+        return ptrs
 
     def to_placeholders(self) -> None:
         """Point the nodes back at the placeholders, where copies land."""

@@ -288,9 +288,10 @@ class Recording:
     def replay(self, args: list) -> Any:
         passed = [(j, args[i], view) for j, i, view in self.passed] if self.passed else None  # before args.clear()
         if self.pi is not None and self.pi_on:
-            here = self.pi.point(args)
+            read = self.pi.point(args)
             if self.pi.passed:  # served inputs the partition returns, where read in place this time
-                passed = (passed or []) + [(j, args[i], view) for j, i, view in self.pi.passed if i in here]
+                passed = (passed or []) + [(j, args[i], view) for j, i, view in self.pi.passed
+                                           if read[i] == args[i].data_ptr()]
         elif self.copied:
             self.copy_inputs(args)
         written = [args[i] for i, _ in self.written] if self.written else None
