@@ -209,12 +209,17 @@ class PartitionGraph:
         from (a copy a stock graph tree would make too, or one GraCE makes of an input it would read in
         place had it not kept moving)."""
         produced = self.partition.produced
+
+        def source(i: int) -> str:
+            if i in moving:
+                return "kept moving"
+            if produced is None:
+                return "not a parameter or buffer"
+            return "made between partitions of its graph outside any graph" if i in produced else "a graph input"
+
         sizes = sorted(((f.numel() * f.element_size(), i) for i, f in zip(recording.copied, recording.fills)
                         if i not in recording.pi_inputs), reverse=True)[:most]
-        return [(n, f"input {i}: {describe(args[i])}, "
-                    + ("kept moving" if i in moving else "made between partitions of its graph outside any graph"
-                       if produced is not None and i in produced else "a graph input" if produced is not None
-                       else "not a parameter or buffer")) for n, i in sizes]
+        return [(n, f"input {i}: {describe(args[i])}, {source(i)}") for n, i in sizes]
 
     def _select(self, recording: Recording, args: list) -> bool:
         """SCG for this recording, decided on this call's inputs (grace.scg). Whether to keep the graph."""
