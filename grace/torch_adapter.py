@@ -87,6 +87,13 @@ def user_visible_outputs(gm: torch.fx.GraphModule) -> frozenset[int] | None:
     return frozenset(idxs) if idxs else None
 
 
+def _as_list(graph_outputs) -> list[int]:
+    """A partition output's graph outputs: torch 2.14 maps each to a list, 2.11 to one index or None."""
+    if graph_outputs is None:
+        return []
+    return list(graph_outputs) if isinstance(graph_outputs, (list, tuple)) else [graph_outputs]
+
+
 def partitions(compiled, static_input_idxs, user_visible: frozenset[int] | None = frozenset()) -> list[Partition] | None:
     """The partitions of a CompiledFxGraph, which of their inputs are static or mutated, and which of
     their outputs are among the graph outputs `user_visible` (None: not known); None if the compiled
@@ -98,7 +105,7 @@ def partitions(compiled, static_input_idxs, user_visible: frozenset[int] | None 
     for pm in compiled.partition_maps:
         mapping, to_graph = pm.input_index_mapping, getattr(pm, "output_index_mapping", None)
         returned = None if user_visible is None or to_graph is None else frozenset(
-            j for j, graph_outputs in enumerate(to_graph) if user_visible.intersection(graph_outputs))
+            j for j, graph_outputs in enumerate(to_graph) if user_visible.intersection(_as_list(graph_outputs)))
         out.append(Partition(pm.id, frozenset(i for i, g in enumerate(mapping) if g is not None and g in static),
                              frozenset(i for i, g in enumerate(mapping) if g is not None and g in mutated),
                              frozenset(i for i, g in enumerate(mapping) if g is None), returned))
