@@ -107,13 +107,14 @@ def frame(records: Iterable[Record], together: Sequence[str] = ()) -> pd.DataFra
             "cudagraph_skip_reasons": "; ".join(r.cudagraph_skip_reasons),
             "graph_break_reasons": "; ".join(r.graph_break_reasons),
             "not_captured": "; ".join((r.grace or {}).get("not_captured") or []),
+            "fallbacks": "; ".join((r.grace or {}).get("fallbacks") or []),
             "set_up_alone": r.set_up_alone, "measured_at": measured_at(r.env),
             **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
     df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "baseline_ms", "round_ratios", "speedup", "ci_lo", "ci_hi", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "over_floor", "floor_lo", "floor_hi", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
-                                           "not_captured", "set_up_alone", "measured_at", *ENV_COLUMNS])
+                                           "not_captured", "fallbacks", "set_up_alone", "measured_at", *ENV_COLUMNS])
     for column in ("baseline_ms", "speedup", "ci_lo", "ci_hi", "over_floor", "floor_lo", "floor_hi"):
         df[column] = df[column].astype(float)  # all empty: None, an object column otherwise
     df["label"] = [label(r.workload, r.mode, r.batch, r.size) for r in df.itertuples()]

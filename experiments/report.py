@@ -197,16 +197,20 @@ def within_best_stock(records: Sequence[Record], stock: str = "pt2_cg", ours: st
 def caveats(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> pd.DataFrame:
     """Per workload, what a reader must know about its records: sessions and code they come from,
     whether every variant was set up with the GPU to itself, variants whose captures ran out of memory,
-    and the newest records that are not ok (status and first line of the reason)."""
+    variants where GraCE fell back to a safer setting (the first reason), and the newest records that
+    are not ok (status and first line of the reason)."""
     df, used, _ = _paper_speedups(records, variants)
     shown = df[df["variant"].isin([BASELINE, *variants])]
     bad = shown[shown["status"] != "ok"]
     starved = used[used["not_captured"].str.contains("OutOfMemoryError", na=False)]
+    fell = used[used["fallbacks"].fillna("") != ""]
     table = pd.DataFrame({
         "sessions": shown.groupby("label")["session"].nunique(),
         "measured at": used.groupby("label")["measured_at"].agg(lambda c: ", ".join(sorted(set(c)))),
         "set up alone": used.groupby("label")["set_up_alone"].all(),
         "capture out of memory": starved.groupby("label")["variant"].agg(", ".join),
+        "GraCE fell back": fell.assign(w=fell["variant"] + ": " + fell["fallbacks"].str.split("; ").str[0].str.slice(0, 120))
+                               .groupby("label")["w"].agg("; ".join),
         "padded otherwise": pd.Series(_padded_otherwise(records), dtype=object),
         "not ok": bad.assign(w=bad["variant"] + ": " + bad["status"] + ": "
                              + bad["reason"].fillna("").str.split("\n").str[0].str.slice(0, 120))

@@ -55,6 +55,18 @@ def test_caveats_name_variants_measured_after_a_capture_ran_out_of_memory():
     assert c.loc["a eval b1", "capture out of memory"] == "grace"
 
 
+def test_caveats_name_variants_where_grace_fell_back():
+    """At one code every GraCE variant fell back to Inductor without its runtime (a torch 2.11 map it
+    misread): a bar of GraCE's that measured Inductor must say so."""
+    fell = rec("a", "grace", 1.0)
+    fell.grace = {"fallbacks": ["graph 1: Inductor without GraCE's runtime (compiling with it failed): TypeError: x",
+                                "graph 2: the same"]}
+    c = report.caveats([r for r in RECORDS if (r.workload, r.variant) != ("a", "grace")] + [fell])
+    assert c.loc["a eval b1", "GraCE fell back"] == ("grace: graph 1: Inductor without GraCE's runtime (compiling "
+                                                     "with it failed): TypeError: x")
+    assert c["GraCE fell back"].drop("a eval b1").isna().all()
+
+
 def test_caveats_name_variants_that_inductor_padded_otherwise_beside_others():
     """DGPT2's floor left the LM head's GEMM unpadded beside eight others that padded it."""
     gemm = {"pad": True, "unpadded_ms": 4.5}
