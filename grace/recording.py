@@ -13,6 +13,8 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import threading
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -49,20 +51,67 @@ def on_device_of(args: list) -> contextlib.AbstractContextManager:
     return torch.cuda.device(t.device) if t is not None else contextlib.nullcontext()
 
 
+# One capture at a time in the process, and no replay during one: a capture puts its device's default
+# generator in capture mode, and a replay from another thread meanwhile fails on it ("Offset increment
+# outside graph capture"); two captures would share a capture stream.
+CAPTURING = threading.Lock()
+
+
 def cuda_capture(fn: Callable, graph_args: list) -> Captured:
     """Capture fn(graph_args) in a CUDA graph, on the current device (the runtime makes it the
-    partition's: on_device_of); a replay runs on that device whatever is current then."""
+    partition's: on_device_of); a replay runs on that device whatever is current then. A capture that
+    fails leaves the caller's stream and generator as they were."""
     graph = torch.cuda.CUDAGraph(keep_graph=True)
-    stream = capture_stream(torch.cuda.current_device())
-    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-        outputs = fn(graph_args)
+    caller = torch.cuda.current_stream()
+    with CAPTURING:
+        try:
+            with torch.cuda.graph(graph, stream=capture_stream(caller.device.index), capture_error_mode="thread_local"):
+                outputs = fn(graph_args)
+        except BaseException as e:
+            failed = _unframed(e)  # its frames hold the failed graph: freed before the repair
+        else:
+            failed = None
+        if failed is not None:
+            del graph
+            _repair(caller)
+            raise failed
     try:
         nodes = cuda_driver.node_counts(graph.raw_cuda_graph())
     except Exception as e:  # counting is for reports only
         log.warning("grace: could not read the graph's nodes: %s", e)
         nodes = None
     graph.instantiate()
-    return Captured(graph.replay, outputs, nodes, graph)
+
+    def replay() -> None:
+        with CAPTURING:
+            graph.replay()
+
+    return Captured(replay, outputs, nodes, graph)
+
+
+def _unframed(e: BaseException) -> BaseException:
+    """`e` and the exceptions it was raised from without their tracebacks (which keep frames alive)."""
+    seen = e
+    while seen is not None:
+        seen.__traceback__ = None
+        seen = seen.__cause__ or seen.__context__
+    return e
+
+
+def _repair(caller: torch.cuda.Stream) -> None:
+    """What torch.cuda.graph leaves undone when the end of a capture raises (an op that synchronized,
+    say): it leaves the capture stream current and the device's default generator in capture mode, so
+    that every later random op outside a graph fails. An empty capture that succeeds resets both."""
+    torch.cuda.set_stream(caller)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "The CUDA Graph is empty"
+            with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=capture_stream(caller.device.index)):
+                pass
+    except Exception as e:
+        log.warning("grace: after a failed capture, the CUDA generator could not be reset: %s", e)
+    finally:
+        torch.cuda.set_stream(caller)
 
 
 capture = cuda_capture  # what records a partition; tests put a CPU stand-in here

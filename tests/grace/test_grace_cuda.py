@@ -238,6 +238,45 @@ def test_threads_that_share_a_compiled_model_each_get_their_own_result():
     torch.randn(1, device="cuda")
 
 
+@torch.library.custom_op("grace_test::synchronizes", mutates_args=())
+def _synchronizes(x: torch.Tensor) -> torch.Tensor:
+    torch.cuda.current_stream().synchronize()  # not allowed while the stream is captured
+    return x * 2
+
+
+@_synchronizes.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.no_grad()
+def test_a_capture_that_fails_runs_as_compiled_and_leaves_the_stream_and_generator_as_found():
+    class Syncs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.relu(_synchronizes(self.lin(x)))
+
+    model = Syncs().cuda()
+    compiled = torch.compile(model, backend="grace", options=RUNTIME)
+    stream = torch.cuda.current_stream()
+    for _ in range(3):
+        x = torch.randn(4, 8, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x))
+    reasons = [s.reason or "" for s in grace.REPORTS[-1].partitions]
+    assert any(r.startswith("capture failed") for r in reasons), reasons
+    assert torch.cuda.current_stream() == stream
+    torch.randn(1, device="cuda")  # raised "Offset increment outside graph capture" once a capture had failed
+    torch.compiler.reset()
+    again = torch.compile(_mlp(), backend="grace", options=RUNTIME)
+    x = torch.randn(16, 32, device="cuda")
+    for _ in range(3):
+        again(x)
+    assert all(s.replays == 1 for s in grace.REPORTS[-1].partitions), grace.REPORTS[-1]
+
+
 class Schedule(torch.nn.Module):
     """A diffusion-style step: a CPU schedule (a plain tensor attribute) and a CPU tensor factory."""
 
