@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 RUNS = Path("results/cuda_tests/nvidia-h200/runs.jsonl")
-COMMAND = "python3 -m pytest -q -m cuda -p no:cacheprovider --durations=12"  # scripts/device_run.sh's
+COMMAND = "python3 -m pytest -q -m cuda -n 2 --dist loadfile -p no:cacheprovider --durations=12"  # scripts/device_run.sh's
 
 
 def counts(summary: str) -> dict[str, int]:

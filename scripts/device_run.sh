@@ -11,9 +11,9 @@
 # records of every finished workload come back from a call limited to 600 s; the workload it stopped is
 # recorded as interrupted and measured whole by the next call.
 #
-# Needs the wheels of hydra-core, omegaconf, antlr4 and the launcher plugins in .whl/ (README, "Running
-# on a lent GPU"). The machine's .git is the session's first snapshot: pass the commit you sent as
-# GRACE_GIT_COMMIT.
+# Needs the wheels of hydra-core, omegaconf, antlr4, the launcher plugins and pytest-xdist in .whl/
+# (docs/harness.md, "On a lent GPU"). The machine's .git is the session's first snapshot: pass the commit
+# you sent as GRACE_GIT_COMMIT.
 set -uo pipefail
 experiment=$1
 shift
@@ -29,7 +29,7 @@ left() { echo $(( ${LIMIT:-570} - SECONDS )); }
 step() { [ "$(left)" -gt 20 ] && timeout -s INT -k 10 "$(left)" "$@"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
 if [ "${TESTS:-1}" = 1 ]; then
-  step python3 -m pytest -q -m cuda -p no:cacheprovider --durations=12 2>&1 | grep --line-buffered -v '^USDT' > "$out/cuda_tests.log"
+  step python3 -m pytest -q -m cuda -n 2 --dist loadfile -p no:cacheprovider --durations=12 2>&1 | grep --line-buffered -v '^USDT' > "$out/cuda_tests.log"
   tail -3 "$out/cuda_tests.log"
 fi
 if [ "${BENCH:-0}" = 1 ]; then

@@ -45,3 +45,15 @@ def make_cfg(tmp_path):
             return compose("config", overrides=[f"results_dir={tmp_path / 'results'}", *FAST, *overrides])
 
     return _make
+
+
+def measured(out, *overrides):
+    """Records of a sweep at tiny size, variants set up in parallel."""
+    from experiments.sweep import Sweep
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"results_dir={out}", *FAST, "size=tiny", "measure.parallel_setup=true",
+                                           *overrides])
+    sweep = Sweep(cfg)
+    sweep.run()
+    return {(r.workload, r.variant): r for r in sweep.store.load()}

@@ -4,44 +4,17 @@ import pytest
 
 pytestmark = pytest.mark.cuda
 
-from experiments.sweep import Sweep  # noqa: E402
-
-
-def _measured(out, *overrides):
-    """Records of a sweep at tiny size, variants set up in parallel."""
-    from hydra import compose, initialize_config_dir
-
-    from tests.conftest import CONF, FAST
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"results_dir={out}", *FAST, "size=tiny", "measure.parallel_setup=true",
-                                           *overrides])
-    sweep = Sweep(cfg)
-    sweep.run()
-    return {(r.workload, r.variant): r for r in sweep.store.load()}
+from tests.conftest import measured  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     # 3 workloads x 3 variants, measured once for the tests below
-    return _measured(tmp_path_factory.mktemp("results"), "workload=[mlp,EOS,kv_decode]", "variant=[inductor,pt2_cg,cgct]")
-
-
-def test_grace_trains_huggingface_models_right(tmp_path):
-    """Training graphs: the gradient of the loss arrives expanded, partitions may take no tensor input,
-    backward kernels add atomically; PI and all of GraCE must still capture and train right."""
-    records = _measured(tmp_path, "workload=[DGPT2,BSCG]", "variant=[pi,grace]")
-    assert len(records) == 4
-    for (w, v), r in records.items():
-        assert r.status == "ok" and r.numerics.passed, (w, v, r.reason)
-        assert r.grace["captured"] >= 2, (w, v, r.grace)
-        assert not any("overlapping" in why for why in r.grace["not_captured"]), (w, v, r.grace)
-        # BSCG's layers share a graph: a recording per layer, none given up for recording again and again
-        assert not any("recordings at sizes already recorded" in why for why in r.grace["not_captured"]), (w, v, r.grace)
+    return measured(tmp_path_factory.mktemp("results"), "workload=[mlp,EOS,kv_decode]", "variant=[inductor,pt2_cg,cgct]")
 
 
 def test_the_floor_replays_the_step_whole_and_every_variant_is_timed_over_it(tmp_path):
-    records = _measured(tmp_path, "workload=[mlp]", "variant=[inductor,grace]", "floor=true", "measure.rounds=6")
+    records = measured(tmp_path, "workload=[mlp]", "variant=[inductor,grace]", "floor=true", "measure.rounds=6")
     floor = records["mlp", "floor"]
     assert floor.status == "ok" and floor.numerics.passed and floor.floor_method == "replay", floor.reason
     assert floor.kernels.graphs == 1 and floor.kernels.kernels_in_graphs_share == 1
