@@ -7,7 +7,8 @@ against the reference. With `aa_control`, the baseline is set up twice (`<baseli
 the two is the session's noise. With `floor` (on a GPU, one rank), a third time as the floor: its step
 captured whole into one CUDA graph and replayed, every variant's time over it in its record. Then
 `rounds` short rounds (more, up to `max_rounds`, until they took `timing_s`): in each, every variant
-runs `iters` timed iterations in turn, the order rotating, so that drift hits every variant alike. Then
+runs `iters` timed iterations in turn, in an order drawn afresh (seeded), so that drift, and whatever a
+variant leaves behind for the next, hits every variant alike. Then
 each is profiled, and one record per variant is appended, with its speedup over the session's baseline
 and a 95 % interval from the rounds. A workload whose selected variants all have final records is passed
 over (unless forced), so a rerun resumes; one with any left is measured again whole. Running workloads
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import tempfile
 import time
 import uuid
@@ -340,11 +342,12 @@ class Sweep:
         m = self.measure
         rounds: dict[str, list[Round]] = {name: [] for name in workers}
         start, r = time.monotonic(), 0
+        # A fresh order each round: rotating one order kept each variant's predecessor, and whatever state it
+        # leaves (clocks, caches), the same in every round
+        order = random.Random(m.seed)
         # `rounds` at least; then more until they took `timing_s` (a fast workload's interval narrows for free)
         while workers and (r < m.rounds or (r < m.max_rounds and time.monotonic() - start < m.timing_s)):
-            names = list(workers)  # rotated each round: no variant always runs first
-            for i in range(len(names)):
-                name = names[(r + i) % len(names)]
+            for name in order.sample(list(workers), len(workers)):
                 v, worker, _ = workers[name]
                 try:
                     rounds[name].append(worker.call("time_round", m.iters, m.launch_calibration))
