@@ -1,6 +1,6 @@
 """Why two workers of the same code time differently (issue 29's A/A control): per-process speed, with
-Python's hash seed random (as the harness's spawned workers have it), fixed, and fixed with address-space
-randomization off.
+Python's hash seed random (as the harness's spawned workers have it), fixed, fixed with address-space
+randomization off, and pinned to the timing core from the start.
 
     python scripts/worker_noise.py [--model mlp] [--size tiny] [--sessions 6] [--per 3] [--rounds 30] [--calls 300]
 
@@ -30,8 +30,12 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# How each way's processes start: a command prefix ("{core}" filled in) and PYTHONHASHSEED (None: random).
+# "pinned from the start": the process runs on the timing core from its first instruction, so that its
+# memory and its CUDA context's host side are placed from there (first touch), not where the OS started it.
 WAYS = {"random seed": ([], None), "fixed seed": ([], "0"),
-        "fixed seed, no ASLR": (["setarch", os.uname().machine, "-R"], "0")}
+        "fixed seed, no ASLR": (["setarch", os.uname().machine, "-R"], "0"),
+        "pinned from the start": (["taskset", "-c", "{core}"], None)}
 
 
 def child(model: str, size: str, calls: int, core: int) -> None:
@@ -64,7 +68,7 @@ def start(way: str, args) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     if seed is not None:
         env["PYTHONHASHSEED"] = seed
-    cmd = [*prefix, sys.executable, __file__, "--child", "--model", args.model, "--size", args.size,
+    cmd = [*(part.format(core=args.core) for part in prefix), sys.executable, __file__, "--child", "--model", args.model, "--size", args.size,
            "--calls", str(args.calls), "--core", str(args.core)]
     return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
@@ -138,7 +142,7 @@ def main() -> None:
             f.write(json.dumps(sessions[-1], sort_keys=True) + "\n")
         print(f"session {i + 1} of {args.sessions} recorded", flush=True)
     for way, (t, lo, hi) in summary(sessions).items():
-        print(f"{way:>20}: tau {100 * t:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]")
+        print(f"{way:>21}: tau {100 * t:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]")
     print(f"records: {path}")
 
 
