@@ -7,8 +7,9 @@ rounds) and how much of it CUDA graphs replay.
     python run.py -m experiment=corpus 'corpus.programs=[hazards/],[timm/],[hf/]' hydra/launcher=gpus gpus=3
 
 One process runs every program in turn; a program's variants are built side by side from the same seed
-and timed in rotating rounds. Records are appended to <out>/<device>/records.jsonl, one per (program,
-variant); a rerun passes over programs recorded with this code (Environment.code; --force: again).
+and timed in rounds, in an order drawn afresh each. Records are appended to
+<out>/<device>/records.jsonl, one per (program, variant); a rerun passes over programs recorded with
+this code (Environment.code; --force: again).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import statistics
 import sys
 import time
@@ -147,12 +149,13 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
 def _time(built: dict[str, Program], records: dict[str, dict], device: torch.device, call: int, rounds: int,
           iters: int) -> None:
     """Per variant, microseconds of each synchronized call, by round (`iter_us`), the variants in turn
-    (rotating who goes first), and their median; on a GPU, kernels per call and the share replayed from
+    (in an order drawn afresh each round), and their median; on a GPU, kernels per call and the share replayed from
     CUDA graphs."""
     names = list(built)
     times: dict[str, list[list[float]]] = {v: [] for v in names}
-    for rnd in range(rounds):
-        for v in names[rnd % len(names):] + names[:rnd % len(names)]:
+    order = random.Random(0)  # drawn afresh each round: no variant always follows the same one
+    for _ in range(rounds):
+        for v in order.sample(names, len(names)):
             p = built[v]
             args = p.inputs(call)
             try:
