@@ -288,6 +288,32 @@ def captured_by_the_caller(device, compile):
     return Program(step, _x(device, 8, 16))
 
 
+@torch.library.custom_op("grace_corpus::synchronizes", mutates_args=())
+def _synchronizes(x: torch.Tensor) -> torch.Tensor:
+    if x.is_cuda:  # as a user's op that reads a result on the host would: not allowed while captured
+        torch.cuda.current_stream().synchronize()
+    return x * 2
+
+
+@_synchronizes.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@hazard
+def custom_op_that_synchronizes(device, compile):
+    """A user's op that synchronizes, inside what Inductor takes for capturable: the capture fails, and
+    random numbers drawn afterwards, outside any graph, must still work."""
+    model = _mlp().to(device)
+    f = torch.no_grad()(compile(lambda x: model(_synchronizes(model(x)))))
+
+    def step(x):
+        y = f(x)
+        torch.rand(1, device=x.device)  # raises where a failed capture left the generator capturing
+        return y
+    return Program(step, _x(device, 4, 16))
+
+
 @hazard
 def output_aliases_input(device, compile):
     f = compile(lambda x: (x, x[0], x * 2))
