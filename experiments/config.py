@@ -30,6 +30,7 @@ class Measure:
     cold_caches: bool = False
     compile_optimizer: bool = True
     timing_cpus: list[int] = field(default_factory=list)
+    processes: int = 1
     tolerance: Tolerance = field(default_factory=Tolerance)
 
 

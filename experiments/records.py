@@ -122,6 +122,7 @@ class Record:
     # build_s + compile_s + warmup_s + check_s and what passes between processes. Records without start_s
     # count from starting the worker, so their worker's start too
     iter_ms: list[list[float]] = field(default_factory=list)  # wall time per timed iteration, per round
+    processes: int = 1  # worker processes of this variant (measure.processes): a round holds each one's in turn
     median_ms: float | None = None  # TP: of each iteration's slowest rank (rank_median_ms: each rank's own)
     rank_median_ms: list[float] | None = None  # TP: each rank's median over its own timed iterations
     p25_ms: float | None = None

@@ -4,7 +4,8 @@ A session: a worker of its own takes the numerics reference (the first steps in 
 dtype and in float64); each variant gets its own worker process, started beside the reference's, and
 they are set up one at a time, so that compile latencies do not overlap; each setup checks its steps
 against the reference. With `aa_control`, the baseline is set up twice (`<baseline>_aa`): the ratio of
-the two is the session's noise. With `floor` (on a GPU, one rank), a third time as the floor: its step
+the two is the session's noise. With `measure.processes=N`, each variant has N workers, timed in every
+round and recorded as one. With `floor` (on a GPU, one rank), a third time as the floor: its step
 captured whole into one CUDA graph and replayed, every variant's time over it in its record. Then
 `rounds` short rounds (more, up to `max_rounds`, until they took `timing_s`): in each, every variant
 runs `iters` timed iterations in turn, in an order drawn afresh (seeded), so that drift, and whatever a
@@ -21,6 +22,7 @@ import contextlib
 import logging
 import os
 import random
+import statistics
 import tempfile
 import time
 import uuid
@@ -42,6 +44,7 @@ from experiments.worker import Worker, WorkerError
 log = logging.getLogger(__name__)
 AA_SUFFIX = "_aa"  # the A/A control: the baseline measured by a second worker, named <baseline>_aa
 FLOOR = "floor"  # the variant that times the floor (Variant.floor)
+PROCESS = "#"  # a variant's further worker processes (measure.processes): <variant>#1, <variant>#2, ...
 
 
 class ConfigError(ValueError):
@@ -78,6 +81,19 @@ def _rank_medians(rounds: list[Round]) -> list[float] | None:
     if not rounds[0].rank_times_ms:
         return None
     return [stats.median(stats.flatten(by_round)) for by_round in zip(*(r.rank_times_ms for r in rounds))]
+
+
+def _merged(by_process: list[list[Round]]) -> list[Round]:
+    """The rounds of a variant's processes as one: in each round, every process's iterations in turn
+    (stats.speedup_interval reads them so), its launch cost and SM clock the processes' mean."""
+    if len(by_process) == 1:
+        return by_process[0]
+    merged = []
+    for rs in zip(*by_process):
+        clocks = [r.sm_clock_mhz for r in rs if r.sm_clock_mhz is not None]
+        merged.append(Round([t for r in rs for t in r.times_ms], statistics.fmean(r.launch_us for r in rs),
+                            statistics.fmean(clocks) if clocks else None))
+    return merged
 
 
 @contextlib.contextmanager
@@ -125,6 +141,8 @@ class Sweep:
         self.cfg = cfg
         self.measure = cfg.measure
         self.measure.timing_cpus = timing_cores(list(cfg.measure.timing_cpus), gpu or 0, cfg.tp)  # recorded as used
+        if cfg.measure.processes < 1 or (cfg.measure.processes > 1 and cfg.tp > 1):
+            raise ConfigError(f"measure.processes={cfg.measure.processes}: at least 1, and 1 with tensor parallelism")
         self.env = environment.current()
         self.entries = _entries(OmegaConf.to_container(cfg.workload), cfg.size)
         try:
@@ -171,7 +189,15 @@ class Sweep:
 
     def _unmeasured(self, entry: Entry, run: int, variant: Variant, status: str, reason: str) -> None:
         log.warning("%s / %s: %s: %s", entry.name, variant.name, status, reason)
-        self._append(self._record(entry, run, variant, status, reason=reason))
+        name, _, process = variant.name.partition(PROCESS)
+        if process and name in self._appended:  # another of its processes failed first
+            return
+        self._append(self._record(entry, run, replace(variant, name=name), status,
+                                  reason=f"process {int(process) + 1}: {reason}" if process else reason))
+
+    def _processes(self, v: Variant) -> list[Variant]:
+        """The worker processes of variant v: itself, then measure.processes - 1 more of its kind."""
+        return [v] + [replace(v, name=f"{v.name}{PROCESS}{j}") for j in range(1, self.measure.processes)]
 
     def _append(self, record: Record) -> None:
         if self._started is not None:
@@ -205,8 +231,9 @@ class Sweep:
             with tempfile.TemporaryDirectory(prefix="grace-reference-") as folder, _closing([]) as early:
                 # Every variant's worker starts now, beside the reference's: their imports and CUDA contexts
                 # are then paid for side by side, before the first setup, not inside each setup one by one.
-                early += [Worker(self._spec(entry, v), self.measure.timeout_s) for v in available]
-                prestarted = dict(zip((v.name for v in available), early))
+                processes = [p for v in available for p in self._processes(v)]
+                early += [Worker(self._spec(entry, p), self.measure.timeout_s) for p in processes]
+                prestarted = dict(zip((p.name for p in processes), early))
                 reference = self._reference(entry, run, available, os.path.join(folder, "reference.pt"))
                 log.info("%s: numerics reference after %.0f s", entry.name, time.monotonic() - start)
                 if reference is None:
@@ -233,14 +260,24 @@ class Sweep:
         beside the others' workers, unrecorded."""
         m = self.measure
         workers: dict[str, tuple[Variant, Worker, Setup]] = {}
+        names = {v.name: [p.name for p in self._processes(v)] for v in variants}
         with _closing([]) as started:  # every worker, set up or not
-            deferred = self._set_up(entry, run, variants, workers, reference, defer, started, prestarted)
-            log.info("%s: %d variants set up after %.0f s", entry.name, len(workers), time.monotonic() - start)
+            deferred = self._set_up(entry, run, [p for v in variants for p in self._processes(v)], workers,
+                                    reference, defer, started, prestarted)
+            deferred = [v for v in variants if any(d.name in names[v.name] for d in deferred)]
+            for v in variants:  # a variant is timed with all its processes or not at all
+                if not all(n in workers for n in names[v.name]):
+                    for n in names[v.name]:
+                        workers.pop(n, None)
+            log.info("%s: %d variants set up after %.0f s", entry.name, len(workers) // m.processes,
+                     time.monotonic() - start)
             rounds = self._time_rounds(entry, run, workers)
             log.info("%s: timed after %.0f s", entry.name, time.monotonic() - start)
-            baseline_rounds = rounds[self.cfg.baseline] if self.cfg.baseline in workers else None
-            floor_rounds = rounds[FLOOR] if FLOOR in workers else None
-            for name, (v, worker, setup) in workers.items():
+            timed = {v.name: _merged([rounds[n] for n in names[v.name]]) for v in variants
+                     if all(n in workers for n in names[v.name])}  # every process timed to the end
+            baseline_rounds, floor_rounds = timed.get(self.cfg.baseline), timed.get(FLOOR)
+            for name in timed:
+                v, worker, setup = workers[name]
                 try:
                     kernels = worker.call("profile", m.profile_iters)
                     host = worker.call("profile_host", m.profile_iters)
@@ -249,7 +286,7 @@ class Sweep:
                     self._unmeasured(entry, run, v, "failed", str(e))
                     continue
                 beside, start_s, setup_s = self._setups[name]
-                self._append(self._measured(entry, run, v, setup, rounds[name], baseline_rounds, floor_rounds,
+                self._append(self._measured(entry, run, v, setup, timed[name], baseline_rounds, floor_rounds,
                                             kernels=kernels, host=host, set_up_beside=beside,
                                             start_s=round(start_s, 1), setup_s=round(setup_s, 1),
                                             **asdict(diagnostics)))
@@ -361,8 +398,10 @@ class Sweep:
     def _measured(self, entry: Entry, run: int, v: Variant, setup: Setup, rounds: list[Round],
                   baseline_rounds: list[Round] | None, floor_rounds: list[Round] | None, **fields) -> Record:
         iter_ms = [r.times_ms for r in rounds]
+        both = (self.measure.processes,) * 2  # each side's worker processes (_merged)
         if floor_rounds is not None and not v.floor:  # this over the floor: the speedup of floor over this
-            over_floor, over_floor_ci = stats.speedup_interval(iter_ms, [r.times_ms for r in floor_rounds])
+            over_floor, over_floor_ci = stats.speedup_interval(iter_ms, [r.times_ms for r in floor_rounds],
+                                                               processes=both)
             fields.update(over_floor=over_floor, over_floor_ci=over_floor_ci)
         all_ms = stats.flatten(iter_ms)
         p25, p75 = stats.quartiles(all_ms)
@@ -381,7 +420,8 @@ class Sweep:
             rank_median_ms=_rank_medians(rounds),
             baseline=self.cfg.baseline if compare_to_baseline else None,
             round_ratios=stats.round_ratios(iter_ms, [r.times_ms for r in baseline_rounds]) if compare_to_baseline else None,
-            **(dict(zip(("speedup", "speedup_ci"), stats.speedup_interval([r.times_ms for r in baseline_rounds], iter_ms)))
+            **(dict(zip(("speedup", "speedup_ci"), stats.speedup_interval([r.times_ms for r in baseline_rounds], iter_ms,
+                                                                          processes=both)))
                if compare_to_baseline else {}),
             launch_us=[r.launch_us for r in rounds], sm_clock_mhz=[r.sm_clock_mhz for r in rounds],
-            numerics=setup.numerics, floor_method=setup.floor_method, **fields)
+            numerics=setup.numerics, floor_method=setup.floor_method, processes=self.measure.processes, **fields)

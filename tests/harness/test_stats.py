@@ -52,3 +52,21 @@ def test_speedup_intervals_contain_one_for_the_same_timings_and_exclude_it_for_a
     s, (lo, hi) = stats.speedup_interval(noise(), faster)
     assert 1 < lo <= s <= hi and stats.verdict([lo, hi]) == "win"
     assert stats.verdict([0.8, 0.9]) == "loss"
+
+
+def test_a_speedup_from_several_processes_a_side_covers_their_own_speeds():
+    """Two workers of the same code, each side's processes 4 % apart in speed: resampling the rounds
+    alone gives an interval that excludes 1; resampling the processes too covers it."""
+    import random
+
+    rng = random.Random(0)
+
+    def side(levels):  # 40 rounds: each process's 5 iterations in turn
+        return [[lv * (1 + rng.gauss(0, 0.01)) for lv in levels for _ in range(5)] for _ in range(40)]
+
+    baseline, twin = side([1.00, 1.04]), side([1.04, 1.04])
+    _, rounds_only = stats.speedup_interval(baseline, twin)
+    _, with_processes = stats.speedup_interval(baseline, twin, processes=(2, 2))
+    assert not rounds_only[0] <= 1 <= rounds_only[1]
+    assert with_processes[0] <= 1 <= with_processes[1]
+    assert stats.speedup_interval(baseline, twin, processes=(1, 1)) == stats.speedup_interval(baseline, twin)

@@ -145,6 +145,32 @@ def test_a_dying_variant_is_a_failed_record_and_the_others_go_on(make_cfg):
     assert recs["eager"].status == "ok"
 
 
+def test_several_processes_a_variant_are_timed_in_each_round_and_recorded_as_one(make_cfg):
+    sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
+                   "measure.processes=2", "measure.rounds=3", "measure.iters=2")
+    recs = _by_variant(sweep.store)
+    assert set(recs) == {"eager", "inductor"}  # no record of a process of its own
+    for r in recs.values():
+        assert r.status == "ok" and r.processes == 2
+        assert len(r.iter_ms) == 3 and all(len(it) == 4 for it in r.iter_ms)  # each round: 2 processes x 2
+    assert recs["eager"].speedup_ci[0] <= recs["eager"].speedup <= recs["eager"].speedup_ci[1]
+
+
+def test_a_variant_whose_second_process_dies_is_one_failed_record(make_cfg):
+    sweep = _sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager]", "measure.processes=2",
+                   "+variant.dies.compile.backend=tests.helpers:dying_backend")
+    records = sweep.store.load()
+    dies = [r for r in records if r.variant.startswith("dies")]
+    assert [r.variant for r in dies] == ["dies"] and dies[0].status == "failed", [(r.variant, r.reason) for r in dies]
+    assert _by_variant(sweep.store)["eager"].status == "ok"
+
+
+@pytest.mark.parametrize("processes,tp", [(0, 1), (2, 2)])
+def test_processes_below_one_or_with_tensor_parallelism_are_a_config_error(make_cfg, processes, tp):
+    with pytest.raises(ConfigError, match="measure.processes"):
+        Sweep(make_cfg("workload=[mlp]", f"measure.processes={processes}", f"tp={tp}"))
+
+
 @pytest.mark.parametrize("requested,slot,ranks,cores", [
     ([-2, -1], 0, 1, [14, 15]),
     ([-2, -1], 1, 1, [12, 13]),  # the job holding GPU 1 times on the two cores before job 0's
