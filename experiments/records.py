@@ -276,12 +276,26 @@ class RecordStore:
         return latest(self.load())
 
     def final_keys(self, revised: Mapping[str, str] | None = None, alone: bool = False,
-                   code: str | None = None) -> set[Selection]:
+                   code: str | None = None, measure: Mapping[str, Any] | None = None) -> set[Selection]:
         """Keys a rerun leaves alone: measured (ok, mismatch) or skipped (the machine lacks what the variant
         needs: the records are per device); of a workload in `revised` (name -> date of its revision), and
         at tp > 1, only those recorded since valid_since; with `alone`, only measurements set up with the
-        GPU to themselves (Record.set_up_alone); with `code`, only those that code made (Environment.code)."""
+        GPU to themselves (Record.set_up_alone); with `code`, only those that code made (Environment.code);
+        with `measure`, only measurements made with those settings (same_measure)."""
         revised = revised or {}
         return {k for k, r in self.latest().items()
-                if (r.status == "skipped" or r.status in FINAL_STATUSES and (r.set_up_alone or not alone))
+                if (r.status == "skipped" or r.status in FINAL_STATUSES and (r.set_up_alone or not alone)
+                    and (measure is None or same_measure(r.measure, measure)))
                 and r.env.get("date", "") >= valid_since(r, revised) and (code is None or r.env.get("code") == code)}
+
+
+# Settings that do not change what a measurement means: the cores a job of a multirun gets, how long a
+# silent worker is waited for
+PLACEMENT = frozenset({"timing_cpus", "timeout_s"})
+
+
+def same_measure(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether a record made with the settings `recorded` (Record.measure) measured what `wanted` would:
+    more rounds, more processes or another tolerance is another measurement."""
+    return ({k: v for k, v in recorded.items() if k not in PLACEMENT}
+            == {k: v for k, v in wanted.items() if k not in PLACEMENT})

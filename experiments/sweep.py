@@ -11,8 +11,9 @@ captured whole into one CUDA graph and replayed, every variant's time over it in
 runs `iters` timed iterations in turn, in an order drawn afresh (seeded), so that drift, and whatever a
 variant leaves behind for the next, hits every variant alike. Then
 each is profiled, and one record per variant is appended, with its speedup over the session's baseline
-and a 95 % interval from the rounds. A workload whose selected variants all have final records is passed
-over (unless forced), so a rerun resumes; one with any left is measured again whole. Running workloads
+and a 95 % interval from the rounds. A workload whose selected variants all have final records of this
+code and these measure settings is passed over (unless forced), so a rerun resumes; one with any left is
+measured again whole. Running workloads
 side by side, on several GPUs or nodes, is Hydra's: a multirun with a launcher (conf/hydra/launcher/).
 """
 
@@ -169,7 +170,8 @@ class Sweep:
     def run(self) -> Path:
         revised = workloads.revisions(e.name for e in self.entries)  # records before these measured another program
         done = set() if self.cfg.force else self.store.final_keys(revised=revised, alone=not self.measure.parallel_setup,
-                                                                  code=self.env.code)
+                                                                  code=self.env.code,
+                                                                  measure=OmegaConf.to_container(self.measure))
         newest = self.store.latest()
         for entry in tqdm(self.entries, desc=self.cfg.experiment_name, unit="workload"):
             for run in range(self.cfg.runs):

@@ -135,3 +135,14 @@ def test_records_of_other_code_are_not_final_when_the_code_is_asked(tmp_path):
     store.append(make("b", env={"code": "new"}))
     assert {k.variant for k in store.final_keys(code="new")} == {"b"}
     assert {k.variant for k in store.final_keys()} == {"a", "b"}
+
+
+def test_a_measurement_with_other_settings_is_not_final_but_another_cores_is(tmp_path):
+    store = RecordStore(tmp_path / "r.jsonl")
+    settings = {"rounds": 20, "processes": 1, "timing_cpus": [14, 15], "timeout_s": 1800}
+    for r in [make("a", measure=settings), make("b", measure={**settings, "processes": 3}),
+              make("c", measure={**settings, "timing_cpus": [12, 13], "timeout_s": 60}),
+              make("d", status="skipped", measure={**settings, "rounds": 2})]:
+        store.append(r)
+    assert {k.variant for k in store.final_keys(measure=settings)} == {"a", "c", "d"}
+    assert {k.variant for k in store.final_keys()} == {"a", "b", "c", "d"}
