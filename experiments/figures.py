@@ -93,7 +93,7 @@ def frame(records: Iterable[Record], together: Sequence[str] = ()) -> pd.DataFra
         floored = (label(r.workload, r.mode, r.batch, r.size), r.session) not in no_floor
         rows.append({
             "workload": r.workload, "mode": r.mode, "batch": r.batch, "size": r.size, "variant": r.variant,
-            "run": r.run, "tp": r.tp, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,
+            "run": r.run, "tp": r.tp, "processes": r.processes, "status": r.status, "reason": r.reason, "session": r.session, "median_ms": r.median_ms,
             "baseline_ms": anchor.median_ms if anchor else None,
             "round_ratios": r.round_ratios, "speedup": r.speedup,
             "ci_lo": r.speedup_ci[0] if r.speedup_ci else None, "ci_hi": r.speedup_ci[1] if r.speedup_ci else None,
@@ -111,7 +111,7 @@ def frame(records: Iterable[Record], together: Sequence[str] = ()) -> pd.DataFra
             "set_up_alone": r.set_up_alone, "measured_at": measured_at(r.env),
             **{k: r.env.get(k) for k in ENV_COLUMNS},
         })
-    df = pd.DataFrame(rows, columns=KEY + ["status", "reason", "session", "median_ms", "baseline_ms", "round_ratios", "speedup", "ci_lo", "ci_hi", "gpu_kernel_ms", "kernels",
+    df = pd.DataFrame(rows, columns=KEY + ["processes", "status", "reason", "session", "median_ms", "baseline_ms", "round_ratios", "speedup", "ci_lo", "ci_hi", "gpu_kernel_ms", "kernels",
                                            "kernels_in_graphs_share", "graphs", "graph_input_copy_bytes", "over_floor", "floor_lo", "floor_hi", "rel_err",
                                            "cudagraph_skips", "graph_breaks", "cudagraph_skip_reasons", "graph_break_reasons",
                                            "not_captured", "fallbacks", "set_up_alone", "measured_at", *ENV_COLUMNS])
@@ -168,8 +168,10 @@ def worker_noise(df: pd.DataFrame) -> tuple[float, int]:
     the A/A controls' offsets once their own rounds' spread is taken out (a moment estimate,
     mean(log(aa)^2 - sd_rounds^2), at least 0), and how many A/A controls it is from. Each worker has an
     offset of its own (two workers of the same code differ by several % on host-bound workloads, with the
-    same GPU time), which a bootstrap over one session's rounds cannot see."""
-    aa = df[(df["variant"] == f"{BASELINE}_aa") & (df["status"] == "ok")].dropna(subset=["speedup", "ci_lo", "ci_hi"])
+    same GPU time), which a bootstrap over one session's rounds cannot see. Controls of several processes
+    a side (measure.processes) resample their processes already, and say nothing of tau."""
+    aa = df[(df["variant"] == f"{BASELINE}_aa") & (df["status"] == "ok") & (df["processes"] == 1)]
+    aa = aa.dropna(subset=["speedup", "ci_lo", "ci_hi"])
     if aa.empty:
         return 0.0, 0
     z = np.log(aa["speedup"].to_numpy(float))
@@ -177,9 +179,15 @@ def worker_noise(df: pd.DataFrame) -> tuple[float, int]:
     return float(np.sqrt(max(0.0, float(np.mean(z ** 2 - sd ** 2))))), len(aa)
 
 
-def widen(ratio, lo, hi, tau: float):
+def unresampled(tau: float, processes):
+    """The workers' noise left out of a record's interval: tau for one process a variant, none where the
+    interval resampled several (measure.processes); elementwise on arrays and frames."""
+    return tau * (np.asarray(processes, dtype=float) <= 1) if np.ndim(processes) else tau * (processes <= 1)
+
+
+def widen(ratio, lo, hi, tau):
     """The interval [lo, hi] of `ratio` with the workers' noise tau added in log space (each side's
-    half-width and Z95 * tau in quadrature); elementwise on arrays and Series."""
+    half-width and Z95 * tau in quadrature); elementwise on arrays and Series (tau too)."""
     extra = (Z95 * tau) ** 2
     return (np.exp(np.log(ratio) - np.sqrt(np.log(ratio / lo) ** 2 + extra)),
             np.exp(np.log(ratio) + np.sqrt(np.log(hi / ratio) ** 2 + extra)))
@@ -187,10 +195,11 @@ def widen(ratio, lo, hi, tau: float):
 
 def intervals(df: pd.DataFrame, table: pd.DataFrame, tau: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The 95 % intervals of `table`'s speedups (label x variant): the records' bootstrap over rounds,
-    widened by the workers' noise tau (worker_noise); NaN where a record has none (measured before the
-    intervals were)."""
-    lo, hi = (_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("ci_lo", "ci_hi"))
-    return widen(table, lo, hi, tau)
+    widened by the workers' noise tau (worker_noise, where unresampled); NaN where a record has none
+    (measured before the intervals were)."""
+    lo, hi, processes = (_ok(df, c).reindex(index=table.index, columns=table.columns)
+                         for c in ("ci_lo", "ci_hi", "processes"))
+    return widen(table, lo, hi, unresampled(tau, processes.fillna(1)))
 
 
 def _geomean_rows(table: pd.DataFrame) -> dict[str, pd.Index]:
@@ -334,10 +343,11 @@ def floor_figure(records: Iterable[Record], out: Path, variants: Sequence[str] =
     if table.isna().all().all():
         return None
     table = with_geomean(table.dropna(how="all"))
-    lo, hi = (_ok(df, c).reindex(index=table.index, columns=table.columns) for c in ("floor_lo", "floor_hi"))
+    lo, hi, processes = (_ok(df, c).reindex(index=table.index, columns=table.columns)
+                         for c in ("floor_lo", "floor_hi", "processes"))
     fig = _bars(table, f"Time over the floor ({_measured(df, [*variants, 'floor'], table.index)})",
                 "time / floor (the step as one CUDA graph)",
-                errors=geomean_errors(table, widen(table, lo, hi, noise[0])),
+                errors=geomean_errors(table, widen(table, lo, hi, unresampled(noise[0], processes.fillna(1)))),
                 footnote="\n".join(filter(None, [_noise_note(noise), _apart(df, variants)])))
     return _save(fig, table, out, name)
 

@@ -13,7 +13,7 @@ import pandas as pd
 from experiments import stats
 from experiments.environment import code_hash
 from experiments.figures import (BASELINE, acronym, frame, geomean_interval, intervals, json_lines, label, measured_at,
-                                 one_session, padded_otherwise, speedups, widen, worker_noise)
+                                 one_session, padded_otherwise, speedups, unresampled, widen, worker_noise)
 from experiments.records import Record, latest, valid_since
 
 
@@ -140,7 +140,8 @@ def geomeans(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gr
                    f"slower than {BASELINE}": ", ".join(got[got < 1].index),
                    **({"with a floor": len(over), "geomean time / floor": stats.geomean(over["over_floor"].tolist()),
                        **dict(zip(("floor low", "floor high"), geomean_interval(
-                           over["over_floor"], *widen(over["over_floor"], over["floor_lo"], over["floor_hi"], tau))))}
+                           over["over_floor"], *widen(over["over_floor"], over["floor_lo"], over["floor_hi"],
+                                                      unresampled(tau, over["processes"])))))}
                       if len(over) else {})}
     table = pd.DataFrame(rows).T
     both = paper[[variants[0], variants[-1]]].dropna() if set(variants) <= set(paper) else pd.DataFrame()
@@ -187,8 +188,8 @@ def within_best_stock(records: Sequence[Record], stock: str = "pt2_cg", ours: st
         session = used.loc[(used["label"] == w) & (used["variant"] == ours), "session"].iloc[0]
         a, b = by_session.get((w, ours, session)), by_session.get((w, best, session))
         if a is not None and b is not None and len(a.iter_ms) == len(b.iter_ms) > 1:
-            r_, (low, high) = stats.speedup_interval(a.iter_ms, b.iter_ms)
-            low, high = (float(x) for x in widen(r_, low, high, tau))
+            r_, (low, high) = stats.speedup_interval(a.iter_ms, b.iter_ms, processes=(a.processes, b.processes))
+            low, high = (float(x) for x in widen(r_, low, high, unresampled(tau, a.processes)))
             rows[w].update({"low": low, "high": high,
                             "verdict": _time_verdict(low, high)})
     return pd.DataFrame(rows).T.rename_axis("workload")
@@ -355,7 +356,7 @@ def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace
             if r.variant == aa:  # the rounds' interval alone: what shows the workers' noise
                 row[r.variant] = f"{r.speedup:.3f} [{lo:.3f}, {hi:.3f}]"
             else:
-                wide = [float(x) for x in widen(r.speedup, lo, hi, tau)]
+                wide = [float(x) for x in widen(r.speedup, lo, hi, unresampled(tau, r.processes))]
                 row[r.variant] = f"{r.speedup:.3f} [{wide[0]:.3f}, {wide[1]:.3f}] {stats.verdict(wide)}"
     if not rows:
         return ""

@@ -343,6 +343,17 @@ def test_the_workers_noise_is_what_the_aa_controls_show_beyond_their_rounds_and_
     assert re.search(r"1\.200 \[1\.0\d\d, 1\.3\d\d\] win", text)
 
 
+def test_sessions_of_several_processes_a_variant_neither_set_the_workers_noise_nor_get_widened_by_it():
+    single = _session("a", 1.06, (1.04, 1.08), 1.06, (1.03, 1.09))
+    several = _session("b", 1.001, (0.97, 1.03), 1.2, (1.15, 1.25))
+    for r in several:
+        r.processes = 3  # their intervals resampled each side's processes
+    alone = figures.worker_noise(figures.frame(single))
+    assert figures.worker_noise(figures.frame(single + several)) == alone and alone[0] > 0
+    text = report.noise(single + several)
+    assert "1.200 [1.150, 1.250] win" in text and not re.search(r"1\.060 \[1\.030, 1\.090\]", text)
+
+
 def test_each_row_of_the_noise_table_is_one_session():
     def session(name, date, **speedups):
         made = [rec("a", "inductor", 1.0)] + [rec("a", v, 1 / x) for v, x in speedups.items()]
