@@ -30,6 +30,8 @@ from grace.recording import Recording, describe, expanded_dims, narrow
 log = logging.getLogger("grace")
 
 MAX_SIZES = 64  # sets of sizes a partition records (dynamic shapes); further ones run without a graph
+WARMED = 4 * MAX_SIZES  # sets of sizes remembered as called once; beyond, the oldest is forgotten
+SIZES = (int, float, bool, type(None))  # what a partition takes besides tensors: sizes, scalars (by value)
 MAX_RERECORDS = 32  # recordings at sizes already recorded (moves, twins, call sites beyond KEEP), over its life
 MOVES_BEFORE_COPY = 3  # an in-place input that moved this often at one set of sizes is copied from then on,
                        # at all sizes; moves at different sizes (twins upstream, per size) do not add up
@@ -92,9 +94,14 @@ class PartitionGraph:
         self.rerecords = 0
         self.moves: dict[tuple, dict[int, int]] = {}  # per set of sizes: in-place input -> times it had moved when recorded again
         self.scalars: list[int] | None = None
-        self.warmed: set[tuple] = set()  # sizes seen once (warm-up): the next call at them records
+        self.warmed: dict[tuple, None] = {}  # sizes seen once (warm-up), oldest first: the next call at them records
+        self.sizes = 0  # sets of sizes called at, over its life
         self.declined: set[tuple] = set()  # sizes SCG runs without a graph (their recording freed)
         self.seen: list | None = None  # while grace.lean watches a call: each call's arguments and result
+        # inputs in lists or tuples: per input, the spec of its nesting or None (adapter.tree_flatten);
+        # False: none; None: not called yet. With them, the runtime works on the leaves (_unnest)
+        self.nesting: list | bool | None = None
+        self.nested = (fn, partition)  # the partition as it takes its inputs
         # One call at a time: threads that call one compiled model together would otherwise both pick the
         # recording whose outputs nobody holds yet, and one's replay write over the other's result
         self.lock = threading.RLock()
@@ -259,8 +266,41 @@ class PartitionGraph:
                 here.append(r)
         return here
 
+    def _unnest(self, args: list) -> list | None:
+        """The inputs as the runtime takes them where some are lists or tuples (the output of a torch.cond,
+        handed on to the next partition): their leaves in their place, which self.fn nests back. None where
+        they are nested otherwise than at the first call."""
+        leaves, nesting = [], []
+        for a in args:
+            if isinstance(a, (list, tuple)):
+                items, spec = adapter.tree_flatten(a)
+                leaves += items
+                nesting.append(spec)
+            else:
+                leaves.append(a)
+                nesting.append(None)
+        if self.nesting is None:
+            if all(n is None for n in nesting):
+                self.nesting = False
+                return args
+            self.nesting = nesting
+            self.fn = _nesting(self.fn, nesting)
+            self.partition = self.partition.spread([None if n is None else n.num_leaves for n in nesting])
+        elif nesting != self.nesting:
+            return None
+        args.clear()  # the caller's list is the partition's to empty
+        return leaves
+
     def __call__(self, args: list) -> Any:
         with self.lock:
+            if self.nesting is not False:
+                flat = self._unnest(args)
+                if flat is None:  # from now on as compiled, nested as given
+                    self.free()
+                    (self.fn, self.partition), self.nesting = self.nested, False
+                    self.stats.calls += 1
+                    return self._eager(args, "its inputs came nested otherwise than at the first call", final=True)
+                args = flat
             if self.seen is not None:
                 self.seen.append(list(args))
                 result = self._call_safely(args)
@@ -289,11 +329,18 @@ class PartitionGraph:
             return self._eager(args, CALLER_CAPTURE)
         if self.scalars is None:  # where the partition takes sizes (dynamic shapes): fixed by its signature
             self.scalars = [i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)]
+            odd = next((args[i] for i in self.scalars if not isinstance(args[i], SIZES)), None)
+            if odd is not None:  # its identity would key the recordings: a new one every call
+                return self._eager(args, f"a partition input is a {type(odd).__name__}, neither a tensor nor a "
+                                         "size", final=True)
         key = tuple(args[i] for i in self.scalars) if self.scalars else ()
         if key not in self.warmed:  # a first call at these sizes runs as compiled: lazy init, autotuning
-            self.warmed.add(key)
-            if self.stats.status == Status.WARM_UP and len(self.warmed) > 1:  # sizes that change every call
-                self.stats.reason = (f"warm-up: called at {len(self.warmed)} sets of sizes, none twice yet "
+            self.warmed[key] = None
+            if len(self.warmed) > WARMED:
+                del self.warmed[next(iter(self.warmed))]
+            self.sizes += 1
+            if self.stats.status == Status.WARM_UP and self.sizes > 1:  # sizes that change every call
+                self.stats.reason = (f"warm-up: called at {self.sizes} sets of sizes, none twice yet "
                                      f"(the latest: {key!r:.100})")
             return self._eager(args)
         recordings = self.recordings.get(key)
@@ -338,6 +385,22 @@ class PartitionGraph:
             return self._eager(args, "an input expanded when recorded is not expanded now")
         self.stats.replays += 1
         return recording.replay(args)
+
+
+def _nesting(fn: Callable, nesting: list) -> Callable:
+    """`fn`, taking the leaves of inputs nested as `nesting` says (PartitionGraph._unnest), in its
+    boxed calling convention."""
+    widths = [1 if spec is None else spec.num_leaves for spec in nesting]
+
+    def nested(leaves: list) -> Any:
+        args, k = [], 0
+        for spec, n in zip(nesting, widths):
+            args.append(leaves[k] if spec is None else adapter.tree_unflatten(leaves[k:k + n], spec))
+            k += n
+        leaves.clear()
+        return fn(args)
+
+    return nested
 
 
 def free_all() -> None:

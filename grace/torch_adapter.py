@@ -20,7 +20,7 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner  # noqa: F40
 # the restart Dynamo takes from a backend (a scalar to specialize, then trace again); it wraps the others
 from torch._dynamo.exc import TensorifyScalarRestartAnalysis as DynamoRestart  # noqa: F401  (re-exported)
 from torch._inductor.custom_graph_pass import CustomGraphPass as _CustomGraphPass
-from torch.utils._pytree import tree_leaves  # noqa: F401  (re-exported)
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten  # noqa: F401  (re-exported)
 
 TRACED_TENSOR = torch._refs.tensor  # what Dynamo traces torch.tensor of symbolic scalars as
 
@@ -71,6 +71,20 @@ class Partition:
     # outputs that reach the caller as graph outputs the user sees (a training forward's: AOTAutograd's
     # autograd function hands them on; not the activations saved for backward); None: unknown
     returned: frozenset[int] | None = frozenset()
+
+    def spread(self, items: list[int | None]) -> Partition:
+        """This partition with its inputs flattened: input i a list or tuple of items[i] leaves, in
+        their place, or itself (None). A leaf counts as produced and mutated where its list does, and
+        never as static (a parameter is a graph input of its own)."""
+        width = [1 if n is None else n for n in items]
+        start = [sum(width[:i]) for i in range(len(width))]
+
+        def leaves(inputs: frozenset[int]) -> frozenset[int]:
+            return frozenset(start[i] + k for i in inputs if i < len(width) for k in range(width[i]))
+
+        return dataclasses.replace(
+            self, static=frozenset(start[i] for i in self.static if i < len(items) and items[i] is None),
+            mutated=leaves(self.mutated), produced=None if self.produced is None else leaves(self.produced))
 
     def writable(self, inputs: int) -> frozenset[int]:
         """The inputs one run may write: those it mutates, and the intermediates, which Inductor may

@@ -137,3 +137,19 @@ def test_a_training_forward_knows_which_partition_outputs_reach_the_caller():
     maps = [GraphPartitionMap(0, [0, 1], [None, 0, 3], []), GraphPartitionMap(1, [None, 2], [2], [])]
     fake = types.SimpleNamespace(partition_maps=maps, mutated_input_idxs=[], recursively_apply_fns=lambda fns: None)
     assert [p.returned for p in adapter.partitions(fake, [1], frozenset({0, 2}))] == [{1}, {0}]
+
+
+@pytest.mark.parametrize("options", [{"pi": False, "scg": False}, None])
+def test_the_partition_after_a_torch_cond_takes_its_output_list_and_replays_on_either_branch(cpu_partitions, options):
+    """Inductor hands the cond's output to the next partition as a list: its tensor, new every call, is
+    the partition's input (a key made of it kept every one, and the partition never left warm-up)."""
+    def step(x):
+        return torch.cond(x.sum() > 0, lambda v: v * 2, lambda v: v - 1, (x,)).sin()
+
+    compiled = torch.compile(step, backend="grace", options=options)
+    with torch.no_grad():
+        for sign in (1, 1, 1, -1, 1, -1, -1):
+            x = sign * torch.rand(8)
+            torch.testing.assert_close(compiled(x), step(x))
+    parts = grace.REPORTS[-1].partitions
+    assert len(parts) == 2 and all(p.status == "captured" and p.replays >= 5 for p in parts), parts

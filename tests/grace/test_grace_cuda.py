@@ -250,6 +250,19 @@ def _(x):
 
 
 @torch.no_grad()
+@torch.no_grad()
+def test_the_partition_after_a_torch_cond_takes_its_output_list_and_replays_on_either_branch():
+    def step(x):
+        return torch.cond(x.sum() > 0, lambda v: v * 2, lambda v: v - 1, (x,)).sin()
+
+    compiled = torch.compile(step, backend="grace", options=RUNTIME)
+    for sign in (1, 1, 1, -1, 1, -1, -1):
+        x = sign * torch.rand(8, device="cuda")
+        torch.testing.assert_close(compiled(x), step(x))
+    parts = grace.REPORTS[-1].partitions
+    assert len(parts) == 2 and all(p.status == "captured" and p.replays >= 4 for p in parts), parts
+
+
 def test_a_capture_that_fails_runs_as_compiled_and_leaves_the_stream_and_generator_as_found():
     class Syncs(torch.nn.Module):
         def __init__(self):

@@ -551,3 +551,62 @@ def test_a_partition_whose_sizes_change_every_call_says_so_in_warm_up(cpu_graphs
     assert stats.reason == "warm-up: called at 3 sets of sizes, none twice yet (the latest: (3,))"
     part([3, x])  # the second call at these sizes records: the warm-up's reason goes
     assert stats.status == "captured" and stats.reason is None
+
+
+def _after_a_cond(args):
+    """As Inductor's partition after a torch.cond: it takes the cond's output, a list, as one input."""
+    (first, second), w = args
+    args.clear()
+    return (first * w + second,)
+
+
+def test_a_partition_taking_a_list_of_tensors_records_and_replays_their_values(cpu_graphs):
+    part, stats = _part(_after_a_cond, static={1}, produced={0})
+    w = torch.full((4,), 2.0)
+    gone = []
+    for i in range(5):
+        pair = [torch.randn(4), torch.randn(4)]  # new tensors every call: copied into placeholders
+        gone.append(weakref.ref(pair[0]))
+        args = [pair, w]
+        (y,) = part(args)
+        torch.testing.assert_close(y, pair[0] * w + pair[1])
+        assert args == []  # the caller's list is emptied, as Inductor's convention has it
+        del y, pair
+    assert stats.status == "captured" and stats.recordings == 1 and stats.replays == 4
+    assert (stats.in_place_inputs, stats.copied_inputs) == (1, 2)
+    assert all(ref() is None for ref in gone)  # no call's input kept (a key of them kept every one)
+
+
+def test_inputs_nested_otherwise_than_at_first_run_as_compiled_and_say_why(cpu_graphs):
+    part, stats = _part(lambda args: (sum(args.pop(0)),), produced={0})
+    for _ in range(3):
+        torch.testing.assert_close(part([[torch.ones(2), torch.ones(2)]])[0], torch.full((2,), 2.0))
+    assert stats.status == "captured"
+    torch.testing.assert_close(part([(torch.ones(2), torch.ones(2), torch.ones(2))])[0], torch.full((2,), 3.0))
+    assert stats.status == "eager" and stats.reason == "its inputs came nested otherwise than at the first call"
+    torch.testing.assert_close(part([[torch.ones(2), torch.ones(2)]])[0], torch.full((2,), 2.0))
+
+
+def test_an_input_neither_a_tensor_nor_a_size_runs_as_compiled_and_is_not_kept(cpu_graphs):
+    class Opaque:
+        pass
+
+    part, stats = _part(lambda args: (args.pop(1) * 2,))
+    for _ in range(3):
+        thing = Opaque()
+        ref = weakref.ref(thing)
+        part([thing, torch.ones(2)])
+        del thing
+        assert ref() is None
+    assert stats.status == "eager" and stats.reason == "a partition input is a Opaque, neither a tensor nor a size"
+
+
+def test_sizes_called_once_each_are_remembered_up_to_a_limit(cpu_graphs):
+    part, stats = _part(_first_n_doubled)
+    x = torch.randn(8)
+    for n in range(runtime.WARMED + 5):  # sizes that change every call (a growing sequence, say)
+        part([n, x])
+    assert len(part.warmed) == runtime.WARMED and stats.status == "warm-up"
+    assert stats.reason.startswith(f"warm-up: called at {runtime.WARMED + 5} sets of sizes, none twice yet")
+    part([runtime.WARMED + 4, x])  # the newest are remembered: its second call records
+    assert stats.status == "captured"
