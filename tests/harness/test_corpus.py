@@ -23,6 +23,16 @@ def test_grace_runs_each_hazard_as_inductor_does(name):
     assert records["grace"]["median_us"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HAZARDS))
+def test_grace_replays_each_hazard_right_where_inductor_partitions_it_as_on_a_gpu(cpu_partitions, monkeypatch, name):
+    """The runtime capturing and replaying every partition Inductor makes (the CPU stand-in; PI and
+    SCG need CUDA): each call's result as eager's."""
+    monkeypatch.setitem(corpus.VARIANTS, "runtime", {"backend": "grace", "options": {"pi": False, "scg": False}})
+    records = {r["variant"]: r for r in corpus.run_program(name, CPU, ["eager", "runtime"], calls=4, rounds=1, iters=1)}
+    assert records["runtime"]["status"] == "ok", records["runtime"]
+
+
 @pytest.mark.parametrize("backend, programs", [
     (offset_backend, ["python_float_argument", "training_step", "kv_cache_written_in_place"]),  # off by 0.5
     (stale_backend, ["python_float_argument", "cpu_tensor_input", "shape_changes_every_call"]),  # a stale result
