@@ -72,12 +72,22 @@ def cpu_graphs(monkeypatch):
 
 @pytest.fixture
 def cpu_partitions(cpu_graphs, monkeypatch):
-    """Inductor partitions CPU code as it does CUDA code (every node counts as on a GPU), and GraCE's
-    runtime captures the partitions with the CPU stand-in: the backend end to end, on a CPU. Caches off:
-    code partitioned so must not be found by a compile without this."""
+    """Inductor partitions CPU code as it does CUDA code (where it splits, every node counts as on a
+    GPU; its code generation is the CPU's), and GraCE's runtime captures the partitions with the CPU
+    stand-in: the backend end to end, on a CPU. Caches off: code partitioned so must not be found by a
+    compile without this."""
     from torch._inductor import scheduler
 
-    monkeypatch.setattr(scheduler.BaseSchedulerNode, "is_gpu", lambda self: True)
+    split, on_gpu = scheduler.Scheduler.should_partition, scheduler.BaseSchedulerNode.is_gpu
+
+    def should_partition(self, node):
+        scheduler.BaseSchedulerNode.is_gpu = lambda n: True
+        try:
+            return split(self, node)
+        finally:
+            scheduler.BaseSchedulerNode.is_gpu = on_gpu
+
+    monkeypatch.setattr(scheduler.Scheduler, "should_partition", should_partition)
     torch.compiler.reset()
     with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
         yield
