@@ -1,4 +1,4 @@
-"""grace.explain(fn, *inputs): what GraCE did with each graph and partition, and why.
+"""grace.explain(fn, *inputs, **kwargs): what GraCE did with each graph and partition, and why.
 
 It compiles `fn` (a module or a function; for training, a function that runs the step) with the grace
 backend, calls it three times (warm-up, recording, replay; the last under torch.profiler on a GPU, for
@@ -152,14 +152,15 @@ def explain_call(call: Callable[[], Any], start: int = 0) -> Explanation:
                        {k: v - eager0.get(k, 0) for k, v in eager1.items()}, kernels)
 
 
-def explain(fn: Callable, *inputs, options: dict | None = None, calls: int = 3) -> Explanation:
+def explain(fn: Callable, *inputs, options: dict | None = None, calls: int = 3, **kwargs) -> Explanation:
     """Compile `fn` afresh (Dynamo's caches are reset first, as by torch.compiler.reset(): code compiled
-    before is compiled again on its next call) and report on `calls` calls with `inputs`, in the
-    caller's grad mode. For inference, call it under torch.no_grad() or inference_mode(): in grad mode
-    the forward is compiled for training, saving activations for a backward that never comes."""
+    before is compiled again on its next call) and report on `calls` calls with `inputs` and `kwargs`
+    (a HuggingFace model's input_ids=..., say), in the caller's grad mode. For inference, call it under
+    torch.no_grad() or inference_mode(): in grad mode the forward is compiled for training, saving
+    activations for a backward that never comes."""
     torch.compiler.reset()
     compiled = torch.compile(fn, backend="grace", options=options)
     start = len(backend.REPORTS)
     for _ in range(calls - 1):
-        compiled(*inputs)
-    return explain_call(lambda: compiled(*inputs), start)
+        compiled(*inputs, **kwargs)
+    return explain_call(lambda: compiled(*inputs, **kwargs), start)

@@ -153,3 +153,13 @@ def test_the_partition_after_a_torch_cond_takes_its_output_list_and_replays_on_e
             torch.testing.assert_close(compiled(x), step(x))
     parts = grace.REPORTS[-1].partitions
     assert len(parts) == 2 and all(p.status == "captured" and p.replays >= 5 for p in parts), parts
+
+
+def test_explain_passes_keyword_arguments_as_a_huggingface_model_takes_them(cpu_partitions):
+    def forward(input_ids, attention_mask=None):
+        return (input_ids * attention_mask).float().softmax(-1)
+
+    ids, mask = torch.arange(6).view(2, 3), torch.ones(2, 3, dtype=torch.long)
+    with torch.no_grad():
+        s = grace.explain(forward, ids, attention_mask=mask, options={"pi": False, "scg": False}).summary()
+    assert s["partitions"] == 1 and s["captured"] == 1 and s["replays_per_call"] == 1
