@@ -41,6 +41,9 @@ class Options:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"unknown grace option(s) {unknown} (known: {sorted(known)})")
+        odd = {k: v for k, v in options.items() if not isinstance(v, bool)}
+        if odd:  # "false" is truthy: it would turn the option on
+            raise ValueError(f"grace options are True or False, not {odd}")
         return cls(**options)
 
 
