@@ -44,18 +44,29 @@ def _x(device, *shape, dtype=torch.float32):
     return lambda i: (torch.randn(*shape, generator=torch.Generator().manual_seed(i), dtype=dtype).to(device),)
 
 
-def _training(model: nn.Module, device, compile, *shape) -> Program:
-    """A training step of `model` on inputs of `shape`: the loss and every gradient (zeroed first)."""
-    model = model.to(device)
+def training(model: nn.Module, device, compile, inputs: Callable[[int], tuple],
+             run: Callable[..., torch.Tensor] | None = None, compare: str = "close") -> Program:
+    """A training step of `model` in train mode on inputs(i): the loss (what run(compiled model,
+    *inputs) picks from its output, by default the output, summed with fixed weights of either sign: a
+    mean square would be the same for every input after a final LayerNorm, and its gradients noise)
+    and every gradient, each set to None first (one that stays None, of a parameter that the loss does
+    not reach, counts as zeros: a compiled graph computes zeros for it where eager computes nothing)."""
+    model = model.to(device).train()
     compiled = compile(model)
+    run = run or (lambda f, *args: f(*args))
 
     def step(*args):
         for p in model.parameters():
             p.grad = None
-        loss = compiled(*args).float().square().mean()
+        out = run(compiled, *args).float()
+        loss = (out * torch.arange(out.numel(), device=out.device).view_as(out).cos()).mean()
         loss.backward()
-        return [loss.detach()] + [p.grad for p in model.parameters()]
-    return Program(step, _x(device, *shape))
+        return [loss.detach()] + [torch.zeros_like(p) if p.grad is None else p.grad for p in model.parameters()]
+    return Program(step, inputs, compare)
+
+
+def _training(model: nn.Module, device, compile, *shape) -> Program:
+    return training(model, device, compile, _x(device, *shape))
 
 
 # --- Python values and CPU tensors --------------------------------------------------------------

@@ -1,6 +1,7 @@
 """HuggingFace transformers architectures built from small configs (random weights, nothing downloaded):
-encoders, decoders, encoder-decoders, vision and speech models (the suite's own architectures left out), inference under no_grad in float32; and
-decoding with a static KV cache and a compiled forward, as transformers documents for fast decoding.
+encoders, decoders, encoder-decoders, vision and speech models (the suite's own architectures left out), inference under no_grad in float32;
+training steps of a few of them (`hf/train/`); and decoding with a static KV cache and a compiled
+forward, as transformers documents for fast decoding.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from experiments.corpus.hazards import Compile, Program
+from experiments.corpus.hazards import Compile, Program, training
 
 MODELS: dict[str, Callable[[torch.device, Compile], Program]] = {}
 
@@ -30,6 +31,7 @@ TEXT = ("roberta distilbert albert electra mpnet xlm-roberta camembert ernie squ
 VISION = "vit deit beit resnet regnet mobilevit dinov2 segformer poolformer".split()
 SPEECH = "wav2vec2 hubert wavlm".split()  # raw audio in
 DECODERS = ("llama", "qwen2", "mistral", "gemma")  # generation with a static cache
+TRAIN = ("roberta", "gpt_neo", "llama", "t5", "bart", "vit")  # a training step each
 ENCODER_DECODER = {"t5", "bart", "mbart", "pegasus", "marian", "led"}
 
 
@@ -59,42 +61,42 @@ def _tokens(device, *shape, vocab: int = 500):
     return lambda i: torch.randint(3, vocab, shape, generator=torch.Generator().manual_seed(i)).to(device)
 
 
-def _text(model_type: str):
-    def build(device, compile):
-        from transformers import AutoModel
+def _called(model_type: str, config, device) -> tuple[Callable[..., torch.Tensor], Callable[[int], tuple]]:
+    """How a model of this type is called, and on what: run(model, *inputs) -> the hidden states, and
+    inputs(i)."""
+    if model_type in VISION:
+        size = getattr(config, "image_size", 32)
+        size = size if isinstance(size, int) else 32
+        images = lambda i: (torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(i)).to(device),)  # noqa: E731
+        return (lambda f, x: f(pixel_values=x)[0]), images
+    if model_type in SPEECH:
+        audio = lambda i: (torch.randn(1, 4000, generator=torch.Generator().manual_seed(i)).to(device),)  # noqa: E731
+        return (lambda f, x: f(input_values=x).last_hidden_state), audio
+    tokens = _tokens(device, 1, 16)
+    if model_type in ENCODER_DECODER:
+        return (lambda f, ids: f(input_ids=ids, decoder_input_ids=ids[:, :8]).last_hidden_state), lambda i: (tokens(i),)
+    return (lambda f, ids: f(input_ids=ids).last_hidden_state), lambda i: (tokens(i),)
 
-        model = AutoModel.from_config(_config(model_type)).to(device).eval()
-        f = torch.no_grad()(compile(model))
-        tokens = _tokens(device, 1, 16)
-        if model_type in ENCODER_DECODER:
-            return Program(lambda ids: f(input_ids=ids, decoder_input_ids=ids[:, :8]).last_hidden_state,
-                           lambda i: (tokens(i),), compare="norm")
-        return Program(lambda ids: f(input_ids=ids).last_hidden_state, lambda i: (tokens(i),), compare="norm")
-    return build
 
-
-def _vision(model_type: str):
+def _inference(model_type: str):
     def build(device, compile):
         from transformers import AutoModel
 
         config = _config(model_type)
         model = AutoModel.from_config(config).to(device).eval()
         f = torch.no_grad()(compile(model))
-        size = getattr(config, "image_size", 32)
-        size = size if isinstance(size, int) else 32
-        images = lambda i: torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(i)).to(device)  # noqa: E731
-        return Program(lambda x: f(pixel_values=x)[0], lambda i: (images(i),), compare="norm")
+        run, inputs = _called(model_type, config, device)
+        return Program(lambda *args: run(f, *args), inputs, compare="norm")
     return build
 
 
-def _speech(model_type: str):
+def _training(model_type: str):
     def build(device, compile):
         from transformers import AutoModel
 
-        model = AutoModel.from_config(_config(model_type)).to(device).eval()
-        f = torch.no_grad()(compile(model))
-        audio = lambda i: torch.randn(1, 4000, generator=torch.Generator().manual_seed(i)).to(device)  # noqa: E731
-        return Program(lambda x: f(input_values=x).last_hidden_state, lambda i: (audio(i),), compare="norm")
+        config = _config(model_type)  # dropout off: eager and compiled would draw other masks
+        run, inputs = _called(model_type, config, device)
+        return training(AutoModel.from_config(config), device, compile, inputs, run, compare="norm")
     return build
 
 
@@ -119,12 +121,10 @@ def _generate(model_type: str):
 def _register() -> None:
     if importlib.util.find_spec("transformers") is None:  # absent: no HuggingFace programs
         return
-    for t in TEXT:
-        MODELS[f"hf/{t}"] = _text(t)
-    for t in VISION:
-        MODELS[f"hf/{t}"] = _vision(t)
-    for t in SPEECH:
-        MODELS[f"hf/{t}"] = _speech(t)
+    for t in (*TEXT, *VISION, *SPEECH):
+        MODELS[f"hf/{t}"] = _inference(t)
+    for t in TRAIN:
+        MODELS[f"hf/train/{t}"] = _training(t)
     for t in DECODERS:
         MODELS[f"hf/generate-static/{t}"] = _generate(t)
 

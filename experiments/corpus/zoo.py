@@ -1,6 +1,7 @@
 """Models beyond the suite, as their libraries build them (random weights, nothing downloaded), at a
 size that builds in seconds: every torchvision model (classification, segmentation, detection, video,
-optical flow) and timm models across families. Inference under no_grad in float32.
+optical flow) and timm models across families. Inference under no_grad in float32; and training steps of
+a few timm models (`timm/train/`: BatchNorm's running statistics, depthwise convolutions, attention).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from experiments.corpus.hazards import Compile, Program
+from experiments.corpus.hazards import Compile, Program, training
 
 MODELS: dict[str, Callable[[torch.device, Compile], Program]] = {}
 
@@ -20,6 +21,7 @@ TIMM = ("resnet18 resnet50d efficientnet_b0 mobilenetv3_small_100 convnext_atto 
         "mobilevit_xxs rexnet_100 selecsls42b tinynet_a xcit_nano_12_p16_224 lcnet_050 repvgg_a0 nf_resnet26 "
         "cspresnet50 eva02_tiny_patch14_224 beit_base_patch16_224 convit_tiny twins_svt_small volo_d1_224 "
         "mobileone_s0 hgnet_tiny").split()
+TIMM_TRAIN = "resnet18 efficientnet_b0 mobilenetv3_small_100 convnext_atto vit_tiny_patch16_224".split()
 
 
 def _image(device, *shape):
@@ -68,6 +70,17 @@ def _timm(name: str) -> Callable[[torch.device, Compile], Program]:
     return build
 
 
+def _timm_training(name: str) -> Callable[[torch.device, Compile], Program]:
+    def build(device, compile):
+        import timm
+
+        model = timm.create_model(name, pretrained=False)
+        size = model.pretrained_cfg.get("input_size", (3, 224, 224))
+        # two images: BatchNorm in training needs more than one value per channel after the last pooling
+        return training(model, device, compile, _image(device, 2, *size), compare="norm")
+    return build
+
+
 def _register() -> None:
     try:
         from torchvision import models
@@ -87,6 +100,9 @@ def _register() -> None:
     for name in TIMM:
         if name in available:
             MODELS[f"timm/{name}"] = _timm(name)
+    for name in TIMM_TRAIN:
+        if name in available:
+            MODELS[f"timm/train/{name}"] = _timm_training(name)
 
 
 _register()

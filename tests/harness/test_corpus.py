@@ -64,6 +64,9 @@ def test_difference_compares_structure_dtype_and_values():
     big = torch.randn(1000)
     assert corpus.difference([big * 1.001], [big], "norm") is None  # 0.1 % of the norm
     assert "of its norm" in corpus.difference([big * 1.02], [big], "norm")  # 2 %: beyond NORM
+    noise = torch.randn(10) * 1e-9  # a gradient zero but for rounding (a key bias's, through softmax)
+    assert corpus.difference([big, -noise], [big, noise], "norm") is None
+    assert "output 1: off by" in corpus.difference([big, big[:10] * 0], [big, big[:10] * 0.01], "norm")
     assert corpus.difference([t + 9], [t], "none") is None
 
 
@@ -75,6 +78,7 @@ def test_the_zoo_holds_every_torchvision_model_and_timm_families():
     assert len([n for n in names if n.startswith("timm/")]) >= 30 and len(names) >= 150
     assert len([n for n in names if n.startswith("hf/") and "generate" not in n]) >= 40
     assert len([n for n in names if n.startswith("hf/generate-static/")]) >= 3
+    assert len([n for n in names if "/train/" in n]) >= 10  # training steps beyond the hazards' small ones
 
 
 @pytest.mark.parametrize("name", ["torchvision/squeezenet1_0", "hf/vit"])
