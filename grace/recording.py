@@ -223,6 +223,10 @@ class Recording:
         graph_args = list(args)
         for i, p in zip(copied, self.placeholders):
             graph_args[i] = p
+        # placeholders hold the call's values from the start: nothing, a capture or a stand-in for one,
+        # ever reads garbage (an index read from one is out of bounds)
+        if copied:
+            self.copy_inputs(args)
         captured = capture(fn, graph_args)
         self.replay_graph, self.outputs, self.nodes, self.graph = (captured.replay, captured.outputs,
                                                                    captured.nodes, captured.graph)
@@ -344,8 +348,10 @@ class Recording:
         elif self.copied:
             self.copy_inputs(args)
         written = [args[i] for i, _ in self.written] if self.written else None
-        args.clear()
         self.replay_graph()
+        # emptied after the replay is launched: an input the caller no longer holds stays valid to it (on a
+        # GPU the stream orders any reuse of its memory after the replay anyway; the CPU stand-in needs it)
+        args.clear()
         if written:
             torch._foreach_copy_(written, [p for _, p in self.written])
         if self.fresh is None and not passed:

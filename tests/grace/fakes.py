@@ -32,13 +32,12 @@ def _unowned(t):
 
 
 def fake_capture(fn, graph_args):
-    """Like a CUDA graph: capturing has no effect (here fn runs on zeros laid out as the arguments, the
-    RNG state put back: a placeholder holds garbage when captured, which a CUDA capture never reads);
+    """Like a CUDA graph: capturing has no effect (here fn runs on copies, the RNG state put back);
     each replay runs on the memory of the arguments it was recorded with (by address: it keeps no
     tensor alive) and writes the same output tensors."""
     recorded = [_unowned(a) if isinstance(a, torch.Tensor) else a for a in graph_args]
     rng = torch.get_rng_state()
-    outputs = fn([torch.zeros_like(a) if isinstance(a, torch.Tensor) else a for a in graph_args])
+    outputs = fn([a.clone() if isinstance(a, torch.Tensor) else a for a in graph_args])
     torch.set_rng_state(rng)
 
     def replay():

@@ -610,3 +610,24 @@ def test_sizes_called_once_each_are_remembered_up_to_a_limit(cpu_graphs):
     assert stats.reason.startswith(f"warm-up: called at {runtime.WARMED + 5} sets of sizes, none twice yet")
     part([runtime.WARMED + 4, x])  # the newest are remembered: its second call records
     assert stats.status == "captured"
+
+
+def _scratch_first(args):
+    """x * w, after a scratch buffer the size of w (a graph's first kernel writes memory of its own)."""
+    x, w = args
+    args.clear()
+    scratch = torch.full_like(w, 99.0)
+    return (x * w + scratch - 99.0,)
+
+
+def test_a_replay_reads_an_input_that_only_the_call_held(cpu_graphs):
+    """AOTAutograd hands a backward its saved activations and lets them go: the partition's list holds
+    the last reference, and the replay must still read them (they are freed once it is launched)."""
+    part, stats = _part(_scratch_first, static={1})
+    for i in range(5):
+        x = torch.randn(1024)
+        args = [x, torch.full((1024,), float(i + 1))]  # at the address of the last call's: the same site
+        (y,) = part(args)
+        torch.testing.assert_close(y, x * (i + 1))
+        del y
+    assert stats.status == "captured" and stats.replays >= 3
