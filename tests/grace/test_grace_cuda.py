@@ -250,7 +250,6 @@ def _(x):
 
 
 @torch.no_grad()
-@torch.no_grad()
 def test_the_partition_after_a_torch_cond_takes_its_output_list_and_replays_on_either_branch():
     def step(x):
         return torch.cond(x.sum() > 0, lambda v: v * 2, lambda v: v - 1, (x,)).sin()
@@ -263,6 +262,7 @@ def test_the_partition_after_a_torch_cond_takes_its_output_list_and_replays_on_e
     assert len(parts) == 2 and all(p.status == "captured" and p.replays >= 4 for p in parts), parts
 
 
+@torch.no_grad()
 def test_a_capture_that_fails_runs_as_compiled_and_leaves_the_stream_and_generator_as_found():
     class Syncs(torch.nn.Module):
         def __init__(self):
