@@ -1,4 +1,4 @@
-"""The record of CUDA test runs (results/cuda_tests/<device>/runs.jsonl), and the README's status line
+"""The record of CUDA test runs (results/cuda_tests/runs.jsonl; the logs beside it, per device), and the README's status line
 made from it: the CUDA tests cannot run in CI, so each run on a GPU is recorded with the commit and
 grace/ tree it tested.
 
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-RUNS = Path("results/cuda_tests/nvidia-h200/runs.jsonl")
+RUNS = Path("results/cuda_tests/runs.jsonl")  # every GPU's runs, each naming its device
 COMMAND = "python3 -m pytest -q -m cuda -n 2 --dist loadfile -p no:cacheprovider --durations=12"  # scripts/device_run.sh's
 
 
