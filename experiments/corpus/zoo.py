@@ -76,8 +76,9 @@ def _timm_training(name: str) -> Callable[[torch.device, Compile], Program]:
 
         model = timm.create_model(name, pretrained=False)
         size = model.pretrained_cfg.get("input_size", (3, 224, 224))
-        # two images: BatchNorm in training needs more than one value per channel after the last pooling
-        return training(model, device, compile, _image(device, 2, *size), compare="norm")
+        # four images: BatchNorm in training needs more than one value per channel after the last pooling,
+        # and over two its statistics are so noisy that Inductor's rounding moved mobilenetv3's step by 1 %
+        return training(model, device, compile, _image(device, 4, *size), compare="norm")
     return build
 
 
