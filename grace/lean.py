@@ -100,18 +100,26 @@ class LeanCall:
         return tuple(outputs) if r.as_tuple else outputs
 
     def _watched(self, args: tuple):
-        self.watch -= 1
         part = self.candidate.part
-        part.seen = []
-        try:
-            returned = self.compiled(*args)
-            found = route(self.candidate, args, part.seen, returned)
-        finally:
-            part.seen = None
-        if isinstance(found, Route):
-            self.route, self.watch = found, 0
-            self.explain("lean")
-        elif not self.watch:
-            self.explain(f"not lean: {found}")
-            log.info("grace: graph %d keeps AOTAutograd's and Inductor's call path: %s", part.stats.graph, found)
+        # One watched call at a time, and no other call of the partition meanwhile: threads that share
+        # the model would otherwise add their calls to it, or end its watch while it is read
+        with part.lock:
+            if self.route is not None or not self.watch:  # another thread's watch decided meanwhile
+                return self(*args)
+            self.watch -= 1
+            part.seen = []
+            try:
+                returned = self.compiled(*args)
+                try:
+                    found = route(self.candidate, args, part.seen, returned)
+                except Exception as e:  # GraCE's own reading of the call: the wrappers' path stays
+                    found = f"the call could not be read: {type(e).__name__}: {e}"
+            finally:
+                part.seen = None
+            if isinstance(found, Route):
+                self.route, self.watch = found, 0
+                self.explain("lean")
+            elif not self.watch:
+                self.explain(f"not lean: {found}")
+                log.info("grace: graph %d keeps AOTAutograd's and Inductor's call path: %s", part.stats.graph, found)
         return returned

@@ -104,3 +104,40 @@ def test_calls_under_autocast_or_with_a_misaligned_input_take_the_wrappers(cpu_g
     assert len(through_wrappers) == 3
     call(w, torch.randn(4))
     assert len(through_wrappers) == 3
+
+
+def test_threads_whose_first_calls_come_together_each_get_their_own_result(cpu_graphs):
+    """A server's threads call the model before any call was watched (the corpus's
+    threads_sharing_a_model): one thread's watch must not take in another's call or end while read."""
+    import threading
+    import time
+
+    part, stats = _part(_partition_fn([]), static={1})
+
+    def compiled(*args):
+        result = list(part([args[1], args[0]]))
+        time.sleep(0.01)  # the wrappers' own work, where another thread's call comes in
+        return result
+
+    call, paths = _lean(part, stats, compiled)
+    w = torch.full((4,), 2.0)
+    start, errors, wrong = threading.Barrier(4), [], []
+
+    def serve(seed):
+        start.wait()
+        try:
+            for k in range(5):
+                x = torch.full((4,), float(seed * 10 + k))
+                (y,) = call(w, x)
+                wrong.append(not torch.equal(y, x * w + 1))
+                del y
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=serve, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(wrong) == 20 and not any(wrong)
+    assert paths == ["lean"]
