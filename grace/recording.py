@@ -73,7 +73,7 @@ def cuda_capture(fn: Callable, graph_args: list) -> Captured:
             failed = None
         if failed is not None:
             del graph
-            _repair(caller)
+            repair(caller)
             raise failed
     try:
         nodes = cuda_driver.node_counts(graph.raw_cuda_graph())
@@ -98,7 +98,7 @@ def _unframed(e: BaseException) -> BaseException:
     return e
 
 
-def _repair(caller: torch.cuda.Stream) -> None:
+def repair(caller: torch.cuda.Stream) -> None:
     """What torch.cuda.graph leaves undone when the end of a capture raises (an op that synchronized,
     say): it leaves the capture stream current and the device's default generator in capture mode, so
     that every later random op outside a graph fails. An empty capture that succeeds resets both."""

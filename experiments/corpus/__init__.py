@@ -15,14 +15,17 @@ this code (Environment.code; --force: again).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import json
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 import torch
@@ -34,7 +37,7 @@ from experiments.corpus import hf, zoo
 from experiments.corpus.hazards import HAZARDS, Program
 from experiments.instrument import pytree
 from experiments.records import error_line
-from grace import scg
+from grace import recording, scg
 from grace.profile import count, trace
 
 VARIANTS: dict[str, dict | None] = {  # torch.compile's arguments; None: eager
@@ -100,6 +103,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@contextlib.contextmanager
+def _alone(device: torch.device) -> Iterator[None]:
+    """Timed rounds of one job at a time per device (the others compile meanwhile): rounds timed beside
+    other jobs' GPU work and compiles slowed the variants with more host work most (docs/harness.md)."""
+    index = device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else 0
+    with open(Path(tempfile.gettempdir()) / f"grace-corpus-timing-{device.type}{index}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _repair(device: torch.device) -> None:
+    """After a variant failed: a failed capture of stock's leaves the generator capturing, which would fail
+    the variants after it (their random ops) for a fault that is not theirs."""
+    if device.type == "cuda":
+        recording.repair(torch.cuda.default_stream(device))
+
+
 def run_program(name: str, device: torch.device, variants: list[str], calls: int = 4, rounds: int = 10,
                 iters: int = 5) -> list[dict]:
     """One record per variant: status, why, and where it ran, its latency and kernels in graphs."""
@@ -123,6 +146,8 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
             r.update(status="skipped", reason=f"{v} needs CUDA, and this machine has none")
             continue
         start = len(grace.REPORTS)
+        if VARIANTS[v] is not None and VARIANTS[v]["backend"] == "grace":  # named by its options, ok or not
+            r["grace"] = {"options": [dataclasses.asdict(grace.Options.parse(VARIANTS[v].get("options")))]}
         try:
             torch.manual_seed(0)
             program = builder(device, _compiler(VARIANTS[v]))
@@ -133,6 +158,7 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
                 elif r["status"] == "ok" and (why := difference(out, reference[i], program.compare)):
                     r.update(status="mismatch", reason=f"call {i}: {why}")
         except Exception as e:
+            _repair(device)
             if v == "eager":
                 for other in records.values():
                     other.update(status="failed", reason=f"eager fails: {error_line(e)}")
@@ -159,25 +185,27 @@ def _time(built: dict[str, Program], records: dict[str, dict], device: torch.dev
     names = list(built)
     times: dict[str, list[list[float]]] = {v: [] for v in names}
     order = random.Random(0)  # drawn afresh each round: no variant always follows the same one
-    for _ in range(rounds):
-        for v in order.sample(names, len(names)):
-            p = built[v]
-            args = p.inputs(call)
-            try:
-                p.step(*args)
-                _sync(device)
-                per_call = []
-                for _ in range(iters):
-                    t0 = time.perf_counter()
+    with _alone(device):
+        for _ in range(rounds):
+            for v in order.sample(names, len(names)):
+                p = built[v]
+                args = p.inputs(call)
+                try:
                     p.step(*args)
                     _sync(device)
-                    per_call.append((time.perf_counter() - t0) * 1e6)
-                times[v].append(per_call)
-            except Exception as e:  # a variant that ran its checks but fails when called again
-                records[v].update(status="crash", reason=f"timing: {error_line(e)}")
-                built.pop(v)
-                names.remove(v)
-                break
+                    per_call = []
+                    for _ in range(iters):
+                        t0 = time.perf_counter()
+                        p.step(*args)
+                        _sync(device)
+                        per_call.append((time.perf_counter() - t0) * 1e6)
+                    times[v].append(per_call)
+                except Exception as e:  # a variant that ran its checks but fails when called again
+                    _repair(device)
+                    records[v].update(status="crash", reason=f"timing: {error_line(e)}")
+                    built.pop(v)
+                    names.remove(v)
+                    break
     for v, p in built.items():
         records[v]["median_us"] = statistics.median(x for r in times[v] for x in r) if times[v] else None
         records[v]["iter_us"] = times[v]

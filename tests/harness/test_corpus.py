@@ -23,6 +23,30 @@ def test_grace_runs_each_hazard_as_inductor_does(name):
     assert records["grace"]["median_us"] > 0
 
 
+def test_jobs_side_by_side_time_their_rounds_one_at_a_time():
+    import threading
+
+    done = []
+    job = threading.Thread(target=lambda: done.append(corpus.run_program("python_int_argument", CPU, ["eager"],
+                                                                         calls=1, rounds=1, iters=1)))
+    with corpus._alone(CPU):  # another job's rounds
+        job.start()
+        job.join(timeout=2)
+        assert job.is_alive() and not done
+    job.join(timeout=60)
+    assert done and done[0][0]["status"] == "ok"
+
+
+@pytest.mark.cuda
+def test_a_stock_capture_that_fails_does_not_fail_the_variants_after_it():
+    """custom_op_that_synchronizes: pt2_cg's capture fails and leaves the generator capturing (H100,
+    torch 2.11); eager's, inductor's and grace's random ops after it ran into that until the corpus
+    repaired it."""
+    records = {r["variant"]: r for r in corpus.run_program("custom_op_that_synchronizes", torch.device("cuda"),
+                                                          list(corpus.VARIANTS), calls=3, rounds=2, iters=1)}
+    assert all(records[v]["status"] == "ok" for v in ("eager", "inductor", "grace")), records
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(HAZARDS))
 def test_grace_replays_each_hazard_right_where_inductor_partitions_it_as_on_a_gpu(cpu_partitions, monkeypatch, name):
@@ -85,3 +109,19 @@ def test_the_zoo_holds_every_torchvision_model_and_timm_families():
 def test_a_zoo_model_builds_and_runs_as_grace(name):
     records = {r["variant"]: r for r in corpus.run_program(name, CPU, ["eager", "grace"], calls=2, rounds=1, iters=1)}
     assert records["grace"]["status"] == "ok", records["grace"]
+
+
+def test_a_grace_variant_that_crashed_is_named_by_the_options_it_ran(monkeypatch):
+    from experiments import report
+
+    def compiler(kwargs):
+        def compile(fn):
+            if kwargs and kwargs["backend"] == "grace":
+                raise RuntimeError("injected")
+            return fn
+        return compile
+
+    monkeypatch.setattr(corpus, "_compiler", compiler)
+    records = {r["variant"]: r for r in corpus.run_program("python_int_argument", CPU, ["eager", "grace"],
+                                                          calls=1, rounds=1, iters=1)}
+    assert records["grace"]["status"] == "crash" and report._grace_variant(records["grace"]) == "grace"
