@@ -87,13 +87,16 @@ def refused_override(args: list[str]) -> str | None:
 def run_corpus(cfg: DictConfig) -> None:
     from experiments import corpus, gpus
 
-    try:
-        programs = corpus.select(list(cfg.corpus.programs), list(cfg.corpus.variants))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    with gpus.one_of(cfg.gpus):
-        path = corpus.run(programs, list(cfg.corpus.variants), Path(cfg.results_dir) / "corpus", cfg.force)
+    from experiments.cores import timing_cores
+
+    with gpus.one_of(cfg.gpus) as gpu:
+        try:
+            programs = corpus.select(list(cfg.corpus.programs), list(cfg.corpus.variants))
+            cores = timing_cores(list(cfg.corpus.timing_cpus), gpu or 0, setting="corpus.timing_cpus")
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        path = corpus.run(programs, list(cfg.corpus.variants), Path(cfg.results_dir) / "corpus", cfg.force, cores)
     log.info("records: %s", path.resolve())
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from experiments.host_profile import profile_host
 from experiments.profiling import profile_iterations
 from experiments.records import HostStats, KernelStats, Numerics, error_line, out_of_memory
 from experiments.task import Task
+from experiments.cores import pin_threads
 from experiments.timing import capture_whole, launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
 import grace
@@ -30,16 +30,6 @@ from experiments.instrument import (collect_cudagraph_skip_reasons, cudagraph_sk
                                    forget_counters, pytree, shape_padding_choices)
 
 log = logging.getLogger(__name__)
-
-def _pin_threads(cores: list[int] | tuple[int, ...]) -> None:
-    """Every thread of this process onto `cores`, not only the caller: autograd runs a CUDA backward on a
-    thread of its own, made at the first backward, which would otherwise stay where the OS put it."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cores)
-        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile, or not ours to move
-            pass
-
 
 @dataclass(frozen=True)
 class Spec:
@@ -320,7 +310,7 @@ class Bench:
         next call."""
         if self.spec.timing_cpus:  # every variant's rounds on the same cores: no worker gets a faster core or node
             k = len(self.spec.timing_cpus) // self.spec.tp
-            _pin_threads(self.spec.timing_cpus[self.rank * k:(self.rank + 1) * k])
+            pin_threads(self.spec.timing_cpus[self.rank * k:(self.rank + 1) * k])
         step = self._timed or self._step
         step()
         times = [t + self._added_ms for t in time_iterations(step, iters, self.device)]

@@ -38,6 +38,7 @@ class Measure:
 class Corpus:
     programs: list[str] = field(default_factory=list)  # names or families (timm/, hazards/); []: all
     variants: list[str] = field(default_factory=lambda: ["eager", "inductor", "pt2_cg", "grace"])
+    timing_cpus: list[int] = field(default_factory=lambda: [-2, -1])  # the rounds' cores, which jobs do not compile on
 
 
 @dataclass

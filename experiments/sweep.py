@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from experiments import environment, stats, workloads
 from experiments.bench import Round, Setup, Spec
+from experiments.cores import timing_cores
 from experiments.records import Record, RecordStore, Selection, out_of_memory, padded_apart
 from experiments.variants import Variant
 from experiments.worker import Worker, WorkerError
@@ -119,29 +120,14 @@ def records_path(cfg: DictConfig, env: environment.Environment) -> Path:
     return Path(cfg.results_dir) / cfg.experiment_name / environment.device_tag(env) / "records.jsonl"
 
 
-def timing_cores(requested: list[int], slot: int = 0, ranks: int = 1) -> list[int]:
-    """The cores of `measure.timing_cpus`, for each of `ranks` tensor-parallel ranks in turn (they time at
-    once): a negative one counts from the end of the cores this process may run on, shifted by a group for
-    each rank and each job of a host before it (`slot`), so that ranks and jobs side by side (one GPU each)
-    time on cores of their own where there are enough."""
-    cores = sorted(os.sched_getaffinity(0))
-    k = len(requested)
-    absent = [c for c in requested if c >= 0 and c not in cores]
-    if absent:
-        raise ConfigError(f"measure.timing_cpus={requested}: no core {absent[0]} among this process's "
-                          f"{len(cores)} ({cores[0]}-{cores[-1]})")
-    picked = [c if c >= 0 else c - (slot * ranks + r) * k for r in range(ranks) for c in requested]
-    if min(picked) < -len(cores):
-        log.warning("measure.timing_cpus=%s: %d core(s) for job %d's %d rank(s); they share cores",
-                    requested, len(cores), slot, ranks)
-    return [c if c >= 0 else cores[c % len(cores)] for c in picked]
-
-
 class Sweep:
     def __init__(self, cfg: DictConfig, gpu: int | None = None):
         self.cfg = cfg
         self.measure = cfg.measure
-        self.measure.timing_cpus = timing_cores(list(cfg.measure.timing_cpus), gpu or 0, cfg.tp)  # recorded as used
+        try:
+            self.measure.timing_cpus = timing_cores(list(cfg.measure.timing_cpus), gpu or 0, cfg.tp)  # recorded as used
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if cfg.measure.processes < 1 or (cfg.measure.processes > 1 and cfg.tp > 1):
             raise ConfigError(f"measure.processes={cfg.measure.processes}: at least 1, and 1 with tensor parallelism")
         self.env = environment.current()

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import os
 import random
 import statistics
 import sys
@@ -33,6 +34,7 @@ from tqdm import tqdm
 
 import grace
 from experiments import environment
+from experiments.cores import pin_threads, timing_cores
 from experiments.corpus import hf, zoo
 from experiments.corpus.hazards import HAZARDS, Program
 from experiments.instrument import pytree
@@ -104,15 +106,21 @@ def _sync(device: torch.device) -> None:
 
 
 @contextlib.contextmanager
-def _alone(device: torch.device) -> Iterator[None]:
-    """Timed rounds of one job at a time per device (the others compile meanwhile): rounds timed beside
-    other jobs' GPU work and compiles slowed the variants with more host work most (docs/harness.md)."""
+def _alone(device: torch.device, cores: Sequence[int] = ()) -> Iterator[None]:
+    """Timed rounds of one job at a time per device (the others compile meanwhile), on `cores` where
+    given (which the jobs compile beside, not on): rounds timed beside other jobs' GPU work and compiles
+    slowed the variants with more host work most (docs/harness.md)."""
     index = device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else 0
     with open(Path(tempfile.gettempdir()) / f"grace-corpus-timing-{device.type}{index}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        compiling = sorted(os.sched_getaffinity(0))
+        if cores:
+            pin_threads(cores)
         try:
             yield
         finally:
+            if cores:
+                pin_threads(compiling)
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
@@ -124,17 +132,17 @@ def _repair(device: torch.device) -> None:
 
 
 def run_program(name: str, device: torch.device, variants: list[str], calls: int = 4, rounds: int = 10,
-                iters: int = 5) -> list[dict]:
+                iters: int = 5, timing_cpus: Sequence[int] = ()) -> list[dict]:
     """One record per variant: status, why, and where it ran, its latency and kernels in graphs."""
     # The variants compile the same code in one process: each keeps Dynamo's recompile limit to itself
     # (with one limit for all, the last variant of a model that recompiles ran eager).
     compiled = max(1, sum(VARIANTS[v] is not None for v in variants))
     with torch._dynamo.config.patch(recompile_limit=compiled * torch._dynamo.config.recompile_limit):
-        return _run_variants(PROGRAMS[name], name, device, variants, calls, rounds, iters)
+        return _run_variants(PROGRAMS[name], name, device, variants, calls, rounds, iters, timing_cpus)
 
 
 def _run_variants(builder: Callable, name: str, device: torch.device, variants: list[str], calls: int,
-                  rounds: int, iters: int) -> list[dict]:
+                  rounds: int, iters: int, timing_cpus: Sequence[int]) -> list[dict]:
     torch.compiler.reset()
     grace.reset()
     built: dict[str, Program] = {}
@@ -173,19 +181,19 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
                                    "without_graph", "fallbacks", "cgct", "lean_graphs", "call_paths")}
             if summary["scg"]:  # SCG's choices, counted (the decisions' numbers stay out of the records)
                 r["grace"]["scg"] = {c: n for c, n in summary["scg"].items() if c in scg.CANDIDATES}
-    _time(built, records, device, calls - 1, rounds, iters)
+    _time(built, records, device, calls - 1, rounds, iters, timing_cpus)
     return list(records.values())
 
 
 def _time(built: dict[str, Program], records: dict[str, dict], device: torch.device, call: int, rounds: int,
-          iters: int) -> None:
+          iters: int, timing_cpus: Sequence[int] = ()) -> None:
     """Per variant, microseconds of each synchronized call, by round (`iter_us`), the variants in turn
     (in an order drawn afresh each round), and their median; on a GPU, kernels per call and the share replayed from
     CUDA graphs."""
     names = list(built)
     times: dict[str, list[list[float]]] = {v: [] for v in names}
     order = random.Random(0)  # drawn afresh each round: no variant always follows the same one
-    with _alone(device):
+    with _alone(device, timing_cpus):
         for _ in range(rounds):
             for v in order.sample(names, len(names)):
                 p = built[v]
@@ -229,8 +237,14 @@ def select(only: Sequence[str] = (), variants: Sequence[str] = tuple(VARIANTS)) 
     return [n for n in PROGRAMS if not only or any(of(o, n) for o in only)]
 
 
-def run(programs: Sequence[str], variants: Sequence[str], out: Path, force: bool = False) -> Path:
-    """Run `programs` (select) with `variants`, appending to <out>/<device>/records.jsonl; returns its path."""
+def run(programs: Sequence[str], variants: Sequence[str], out: Path, force: bool = False,
+        timing_cpus: Sequence[int] = (), slot: int = 0) -> Path:
+    """Run `programs` (select) with `variants`, appending to <out>/<device>/records.jsonl; returns its path.
+    `timing_cpus`: the cores the rounds run on (cores.timing_cores; `slot`: the job's GPU), none of the
+    job's compiling."""
+    cores = timing_cores(list(timing_cpus), slot, setting="corpus.timing_cpus") if timing_cpus else []
+    if cores:
+        pin_threads(sorted(os.sched_getaffinity(0) - set(cores)) or cores)
     env = environment.current()
     device = torch.device("cuda" if env.device == "cuda" else "cpu")
     path = out / environment.device_tag(env) / "records.jsonl"
@@ -238,8 +252,9 @@ def run(programs: Sequence[str], variants: Sequence[str], out: Path, force: bool
     done = set() if force or not path.is_file() else {
         r["program"] for r in map(json.loads, path.read_text().splitlines()) if r["env"].get("code") == env.code}
     for name in tqdm([n for n in programs if n not in done], desc="corpus", unit="program"):
-        lines = [json.dumps({**record, "env": dataclasses.asdict(env)}, sort_keys=True, default=str) + "\n"
-                 for record in run_program(name, device, list(variants))]
+        lines = [json.dumps({**record, "timing_cpus": cores, "env": dataclasses.asdict(env)}, sort_keys=True,
+                            default=str) + "\n"
+                 for record in run_program(name, device, list(variants), timing_cpus=cores)]
         with path.open("a") as f:  # a program's records in one write: jobs side by side share the file
             f.write("".join(lines))
     return path
@@ -251,11 +266,14 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="*", default=[], help="programs, or families ('timm/', 'hazards/'), to run (default: all)")
     p.add_argument("--variants", nargs="*", default=list(VARIANTS))
     p.add_argument("--force", action="store_true", help="run again what this code recorded")
+    p.add_argument("--timing-cpus", nargs="*", type=int, default=[-2, -1],
+                   help="cores the timed rounds run on, and compiling does not (-2 -1: the last two)")
     args = p.parse_args(argv)
     try:
         programs = select(args.only, args.variants)
+        cores = timing_cores(args.timing_cpus, setting="--timing-cpus")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(run(programs, args.variants, args.out, args.force))
+    print(run(programs, args.variants, args.out, args.force, cores))
     return 0

@@ -37,6 +37,27 @@ def test_jobs_side_by_side_time_their_rounds_one_at_a_time():
     assert done and done[0][0]["status"] == "ok"
 
 
+def test_rounds_run_on_the_timing_cores_and_the_job_compiles_on_the_others(tmp_path):
+    import json
+    import os
+
+    from experiments.cores import pin_threads
+
+    every = sorted(os.sched_getaffinity(0))
+    seen = []
+    try:
+        with corpus._alone(CPU, every[-1:]):
+            seen.append(os.sched_getaffinity(0))
+        seen.append(os.sched_getaffinity(0))
+        path = corpus.run(["python_int_argument"], ["eager"], tmp_path, timing_cpus=[-1])
+        seen.append(os.sched_getaffinity(0))
+    finally:
+        pin_threads(every)
+    assert seen[0] == {every[-1]} and seen[1] == set(every)
+    assert seen[2] == (set(every[:-1]) or set(every))
+    assert [json.loads(line)["timing_cpus"] for line in path.read_text().splitlines()] == [[every[-1]]]
+
+
 @pytest.mark.cuda
 def test_a_stock_capture_that_fails_does_not_fail_the_variants_after_it():
     """custom_op_that_synchronizes: pt2_cg's capture fails and leaves the generator capturing (H100,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from experiments import host_profile, stats
+from experiments import cores as cores_module
 from experiments import sweep as sweep_module
 from experiments.records import out_of_memory, padded_apart
 from experiments.sweep import ConfigError, Sweep
@@ -179,20 +180,20 @@ def test_processes_below_one_or_with_tensor_parallelism_are_a_config_error(make_
 ])
 def test_timing_cores_count_from_the_last_core_one_group_per_job_and_rank(monkeypatch, requested, slot, ranks, cores):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert sweep_module.timing_cores(requested, slot, ranks) == cores
+    assert cores_module.timing_cores(requested, slot, ranks) == cores
 
 
 def test_timing_cores_that_this_process_cannot_run_on_are_a_config_error(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    with pytest.raises(ConfigError, match="no core 5"):
-        sweep_module.timing_cores([5])
-    assert sweep_module.timing_cores([-2, -1], slot=1) == [0, 1]  # too few cores: shared, with a warning
+    with pytest.raises(ValueError, match="no core 5"):
+        cores_module.timing_cores([5])
+    assert cores_module.timing_cores([-2, -1], slot=1) == [0, 1]  # too few cores: shared, with a warning
 
 
 def test_timed_rounds_pin_every_thread_of_the_worker_not_only_the_caller():
     import threading
 
-    from experiments.bench import _pin_threads
+    from experiments.cores import pin_threads
 
     every = sorted(os.sched_getaffinity(0))
     started, done = threading.Event(), threading.Event()
@@ -200,12 +201,12 @@ def test_timed_rounds_pin_every_thread_of_the_worker_not_only_the_caller():
     other.start()
     started.wait()
     try:
-        _pin_threads(every[-1:])
+        pin_threads(every[-1:])
         assert os.sched_getaffinity(other.native_id) == {every[-1]} == os.sched_getaffinity(0)
     finally:
         done.set()
         other.join()
-        _pin_threads(every)
+        pin_threads(every)
 
 
 def test_unsupported_mode_is_a_config_error(make_cfg):
