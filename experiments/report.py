@@ -426,14 +426,15 @@ def _rounds(record: dict) -> list[list[float]]:
 def _grace_variant(record: dict) -> str:
     """A corpus record's variant, GraCE's named by the options it ran: `grace` with all three on, else
     `grace (cgct)` and the like. Records before `options` was kept: `grace_all` ran all three, `grace`
-    the defaults of then (CGCT only)."""
+    the defaults of then (CGCT only); a record with a code hash ran them all (until 93f0567521b0 a
+    crashed one did not keep its options)."""
     if record["variant"] not in ("grace", "grace_all"):
         return record["variant"]
     kept = (record.get("grace") or {}).get("options")
     if kept:
         on = [k for k, v in kept[0].items() if v]
     else:
-        on = ["cgct", "pi", "scg"] if record["variant"] == "grace_all" else ["cgct"]
+        on = ["cgct", "pi", "scg"] if record["variant"] == "grace_all" or (record.get("env") or {}).get("code") else ["cgct"]
     return "grace" if on == ["cgct", "pi", "scg"] else f"grace ({'+'.join(on) or 'runtime'})"
 
 

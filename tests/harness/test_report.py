@@ -267,6 +267,14 @@ def test_corpus_pass_rates_and_speed_against_the_best_stock_variant():
     assert "grace 0.986 (slower beyond noise on 1 of 3 programs, faster on 1)" in text
 
 
+def test_a_corpus_record_with_a_code_hash_and_no_options_ran_all_three():
+    """Until 93f0567521b0 a grace variant that crashed kept no options; every record with a code hash
+    ran grace's defaults of then, all three on."""
+    crashed = {"program": "a", "variant": "grace", "status": "crash", "grace": None, "env": {"code": "64bc1dab27a8"}}
+    assert report._grace_variant(crashed) == "grace"
+    assert report._grace_variant({**crashed, "env": {"git_commit": "0596fd0"}}) == "grace (cgct)"
+
+
 def test_a_corpus_cell_keeps_distinct_reasons_short():
     fell_back = [f"graph {g}: Inductor without GraCE's runtime: " + "x" * 200 for g in (5, 6)]
     cell = report._reasons(["warm-up", "warm-up", "SCG: faster without a graph", *fell_back, "last"])
