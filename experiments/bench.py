@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 
 from experiments import tp, workloads
+from experiments.cores import pin_threads
 from experiments.numerics import compare, judge
 from experiments.host_profile import profile_host
 from experiments.profiling import profile_iterations
 from experiments.records import HostStats, KernelStats, Numerics, error_line, out_of_memory
 from experiments.task import Task
-from experiments.cores import pin_threads
 from experiments.timing import capture_whole, launch_cost_us, sm_clock_mhz, synchronize, time_iterations
 from experiments.variants import Variant
 import grace

@@ -238,11 +238,10 @@ def select(only: Sequence[str] = (), variants: Sequence[str] = tuple(VARIANTS)) 
 
 
 def run(programs: Sequence[str], variants: Sequence[str], out: Path, force: bool = False,
-        timing_cpus: Sequence[int] = (), slot: int = 0) -> Path:
+        timing_cpus: Sequence[int] = ()) -> Path:
     """Run `programs` (select) with `variants`, appending to <out>/<device>/records.jsonl; returns its path.
-    `timing_cpus`: the cores the rounds run on (cores.timing_cores; `slot`: the job's GPU), none of the
-    job's compiling."""
-    cores = timing_cores(list(timing_cpus), slot, setting="corpus.timing_cpus") if timing_cpus else []
+    `timing_cpus`: the cores the rounds run on (as cores.timing_cores gives them), none of the job's compiling."""
+    cores = list(timing_cpus)
     if cores:
         pin_threads(sorted(os.sched_getaffinity(0) - set(cores)) or cores)
     env = environment.current()

@@ -49,7 +49,7 @@ def test_rounds_run_on_the_timing_cores_and_the_job_compiles_on_the_others(tmp_p
         with corpus._alone(CPU, every[-1:]):
             seen.append(os.sched_getaffinity(0))
         seen.append(os.sched_getaffinity(0))
-        path = corpus.run(["python_int_argument"], ["eager"], tmp_path, timing_cpus=[-1])
+        path = corpus.run(["python_int_argument"], ["eager"], tmp_path, timing_cpus=every[-1:])
         seen.append(os.sched_getaffinity(0))
     finally:
         pin_threads(every)
