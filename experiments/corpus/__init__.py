@@ -110,8 +110,10 @@ def _alone(device: torch.device, cores: Sequence[int] = ()) -> Iterator[None]:
     """Timed rounds of one job at a time per device (the others compile meanwhile), on `cores` where
     given (which the jobs compile beside, not on): rounds timed beside other jobs' GPU work and compiles
     slowed the variants with more host work most (docs/harness.md)."""
-    index = device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else 0
-    with open(Path(tempfile.gettempdir()) / f"grace-corpus-timing-{device.type}{index}.lock", "a") as lock:
+    gpu = device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else None
+    # the GPU by its UUID: jobs of hydra/launcher=gpus each see theirs as cuda:0
+    name = "cpu" if gpu is None else torch.cuda.get_device_properties(gpu).uuid
+    with open(Path(tempfile.gettempdir()) / f"grace-corpus-timing-{name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         compiling = sorted(os.sched_getaffinity(0))
         if cores:
