@@ -29,7 +29,7 @@ left() { echo $(( ${LIMIT:-570} - SECONDS )); }
 step() { [ "$(left)" -gt 20 ] && timeout -s INT -k 10 "$(left)" "$@"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
 if [ "${TESTS:-1}" = 1 ]; then
-  step python3 -m pytest -q -m cuda -n 2 --dist loadfile -p no:cacheprovider --durations=12 2>&1 | grep --line-buffered -v '^USDT' > "$out/cuda_tests.log"
+  step python3 -m pytest -q -m cuda -n 4 --dist loadfile -p no:cacheprovider --durations=12 2>&1 | grep --line-buffered -v '^USDT' > "$out/cuda_tests.log"
   tail -3 "$out/cuda_tests.log"
 fi
 if [ "${BENCH:-0}" = 1 ]; then
