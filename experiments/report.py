@@ -83,7 +83,9 @@ def write_replay_overhead(replays: Path, out: Path) -> Path:
         "synchronized: a round's value is the median of its calls, each synchronized; "
         f"{env['gpu']}, driver {env['driver']}, torch {env['torch']}, triton {env['triton']}). Columns: bare "
         "replay, GraCE's replay path alone (partition), backend=\"grace\" with no option (runtime), all three "
-        "(grace) or one (cgct, pi, scg), stock graph trees (pt2_cg), Inductor, an empty synchronize (sync).\n\n"
+        "(grace) or one (cgct, pi, scg), stock graph trees (pt2_cg), Inductor, Dynamo's own cost around one "
+        "replay of the bare graph (dynamo: a backend that does nothing else, the least any backend reaches), "
+        "an empty synchronize (sync).\n\n"
         + _markdown(table("median_us_per_call"), ".1f") + "\n\nExcess over the bare replay (us per call):\n\n"
         + _markdown(table("over_bare_us").drop(columns="bare"), ".1f") + "\n")
     return path

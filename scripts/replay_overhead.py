@@ -8,8 +8,10 @@ CUDA graph captured around the Inductor-compiled model (no input copy, no checks
 `partition` is GraCE's replay path around that same work (its checks and bookkeeping, nothing else),
 `runtime` is backend="grace" with no optimization on (Dynamo's guards and wrappers, and the input
 copy, included), `grace` with all three on, `cgct`, `pi` and `scg` with one on, `pt2_cg` is
-mode="reduce-overhead", `inductor` is Inductor without graphs; with --synchronize, `sync` is an empty
-synchronize. Each round times `calls` back-to-back calls and one synchronization, so the host's cost per
+mode="reduce-overhead", `inductor` is Inductor without graphs; `dynamo` is torch.compile with a backend
+that does the least any backend can (its compiled function replays `bare`'s graph and returns that
+graph's outputs: Dynamo's own cost per call over one replay, out of a backend's reach; models called on
+one input set only); with --synchronize, `sync` is an empty synchronize. Each round times `calls` back-to-back calls and one synchronization, so the host's cost per
 call is what shows when it exceeds the GPU's; with --synchronize, each call is synchronized and a round's
 value is the median of `calls` such calls: the latency a caller waits. The models: the suite's MLP,
 ResNet-18 and EOS chain (the same input tensor each call), `pointwise` (six elementwise ops on 4096
@@ -29,6 +31,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.utils._pytree as pytree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments and grace
 
@@ -70,13 +73,34 @@ def in_turn(fn, input_sets: list[tuple]):
 
 
 def bare_replay(compiled, inputs):
-    """One CUDA graph captured around `compiled(*inputs)`: its replay, with no input copy and no checks."""
+    """One CUDA graph captured around `compiled(*inputs)`: its replay, with no input copy and no checks,
+    and the outputs it writes."""
     for _ in range(3):
         compiled(*inputs)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        compiled(*inputs)
-    return graph.replay
+        outputs = compiled(*inputs)
+    return graph.replay, outputs
+
+
+def dynamo_replay(model, replay, outputs):
+    """`model` under torch.compile with a backend whose compiled function replays `replay` and returns
+    `outputs`, the graph's tensors: Dynamo's frame, guards and wrappers around one replay, and nothing of
+    a backend's own (right only for the input tensors `replay` was captured on). None where Dynamo makes
+    other than one graph with those outputs."""
+    leaves = tuple(pytree.tree_leaves(outputs))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(len(next(iter(reversed(gm.graph.nodes))).args[0]))  # the output node's values
+
+        def call(*args):
+            replay()
+            return leaves
+        return call
+
+    fn = torch.compile(model, backend=backend)
+    return fn, lambda: graphs == [len(leaves)]
 
 
 def partition_graph(compiled, n_inputs: int, static: bool = True, pi: bool = False):
@@ -103,7 +127,8 @@ def measure(name: str, size: str, calls: int, rounds: int, synchronize: bool) ->
         part = partition_graph(compiled, len(inputs))
         for _ in range(3):
             part(list(inputs))
-        ways = {"bare": bare_replay(compiled, inputs), "partition": lambda: part(list(inputs))}
+        replay, outputs = bare_replay(compiled, inputs)
+        ways = {"bare": replay, "partition": lambda: part(list(inputs))}
         if synchronize:
             ways["sync"] = lambda: None
         chosen = {}  # per grace way: each graph's call path and its partitions' SCG choices
@@ -117,6 +142,13 @@ def measure(name: str, size: str, calls: int, rounds: int, synchronize: bool) ->
             if way in OPTIONS:
                 chosen[way] = [{"call_path": g.call_path, "scg": [s.scg["choice"] for s in g.partitions if s.scg]}
                                for g in grace.REPORTS[start:]]
+        if len(input_sets) == 1:
+            torch.compiler.reset()
+            fn, one_graph = dynamo_replay(model, replay, outputs)
+            for _ in range(5):
+                fn(*inputs)
+            if one_graph():
+                ways["dynamo"] = lambda: fn(*inputs)
         per_round = {way: [] for way in ways}
         for r in range(rounds):
             order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]
