@@ -105,16 +105,46 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _lock(device: torch.device, kind: str) -> Path:
+    """A lock file shared by the jobs on `device`, named by its GPU's UUID (jobs of hydra/launcher=gpus each
+    see theirs as cuda:0)."""
+    gpu = device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else None
+    name = "cpu" if gpu is None else torch.cuda.get_device_properties(gpu).uuid
+    return Path(tempfile.gettempdir()) / f"grace-corpus-{kind}-{name}.lock"
+
+
+@contextlib.contextmanager
+def _held(path: Path, mode: int) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _sharing(device: torch.device) -> Iterator[None]:
+    """A job's work on the device outside its timed rounds: jobs side by side, but none while a job times
+    its rounds, and none starts while a job waits to (the turnstile): without MPS the GPU takes turns
+    between the processes' contexts, and a synchronized call timed beside another context's kernels
+    waits for its turn (docs/harness.md)."""
+    with _held(_lock(device, "turn"), fcntl.LOCK_EX):
+        f = open(_lock(device, "gpu"), "a")
+        fcntl.flock(f, fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
 @contextlib.contextmanager
 def _alone(device: torch.device, cores: Sequence[int] = ()) -> Iterator[None]:
-    """Timed rounds of one job at a time per device (the others compile meanwhile), on `cores` where
-    given (which the jobs compile beside, not on): rounds timed beside other jobs' GPU work and compiles
-    slowed the variants with more host work most (docs/harness.md)."""
-    gpu = device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else None
-    # the GPU by its UUID: jobs of hydra/launcher=gpus each see theirs as cuda:0
-    name = "cpu" if gpu is None else torch.cuda.get_device_properties(gpu).uuid
-    with open(Path(tempfile.gettempdir()) / f"grace-corpus-timing-{name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    """Timed rounds of one job at a time per device, with no other job's work on it (_sharing; the others
+    compile meanwhile), on `cores` where given (which the jobs compile beside, not on): rounds timed beside
+    other jobs' GPU work and compiles slowed the variants with more host work most (docs/harness.md)."""
+    with _held(_lock(device, "turn"), fcntl.LOCK_EX), _held(_lock(device, "gpu"), fcntl.LOCK_EX):
         compiling = sorted(os.sched_getaffinity(0))
         if cores:
             pin_threads(cores)
@@ -123,7 +153,6 @@ def _alone(device: torch.device, cores: Sequence[int] = ()) -> Iterator[None]:
         finally:
             if cores:
                 pin_threads(compiling)
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _repair(device: torch.device) -> None:
@@ -161,8 +190,9 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
         try:
             torch.manual_seed(0)
             program = builder(device, _compiler(VARIANTS[v]))
-            for i in range(calls):
-                out = _host(program.step(*program.inputs(i)))
+            for i in range(calls):  # the first compiles (minutes, for some): no other job's rounds wait on it
+                with _sharing(device) if i else contextlib.nullcontext():
+                    out = _host(program.step(*program.inputs(i)))
                 if v == "eager":
                     reference.append(out)
                 elif r["status"] == "ok" and (why := difference(out, reference[i], program.compare)):
@@ -177,7 +207,8 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
             continue
         built[v] = program
         if VARIANTS[v] is not None and VARIANTS[v]["backend"] == "grace":
-            summary = grace.explain_call(lambda p=program: p.step(*p.inputs(calls - 1)), start).summary()
+            with _sharing(device):
+                summary = grace.explain_call(lambda p=program: p.step(*p.inputs(calls - 1)), start).summary()
             r["grace"] = {k: v2 for k, v2 in summary.items()
                           if k in ("options", "graphs", "partitions", "captured", "replays_per_call", "not_captured",
                                    "without_graph", "fallbacks", "cgct", "lean_graphs", "call_paths")}

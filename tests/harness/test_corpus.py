@@ -37,6 +37,56 @@ def test_jobs_side_by_side_time_their_rounds_one_at_a_time():
     assert done and done[0][0]["status"] == "ok"
 
 
+def test_no_job_runs_its_calls_while_another_times_its_rounds_nor_starts_while_one_waits_to():
+    import threading
+
+    events = []
+
+    def hold(lock, name, release):
+        with lock(CPU):
+            events.append(name)
+            release.wait(timeout=30)
+            events.append(f"{name} done")
+
+    calls_end, rounds_end, later_end = threading.Event(), threading.Event(), threading.Event()
+    calls = threading.Thread(target=hold, args=(corpus._sharing, "calls", calls_end))
+    rounds = threading.Thread(target=hold, args=(corpus._alone, "rounds", rounds_end))
+    later = threading.Thread(target=hold, args=(corpus._sharing, "later calls", later_end))
+    calls.start()
+    while not events:
+        pass
+    rounds.start()
+    rounds.join(timeout=0.5)
+    later.start()
+    later.join(timeout=0.5)
+    assert events == ["calls"]  # the rounds wait for the calls in flight; new calls wait behind the rounds
+    calls_end.set()
+    calls.join(timeout=10)
+    rounds.join(timeout=0.5)
+    assert events == ["calls", "calls done", "rounds"]
+    rounds_end.set()
+    later_end.set()
+    for t in (rounds, later):
+        t.join(timeout=10)
+    assert events == ["calls", "calls done", "rounds", "rounds done", "later calls", "later calls done"]
+
+
+def test_a_job_compiles_its_first_call_beside_another_jobs_rounds_and_waits_for_them_for_the_next(monkeypatch):
+    import threading
+
+    steps = []
+    monkeypatch.setitem(corpus.PROGRAMS, "counted", lambda device, compile: corpus.Program(
+        lambda x: steps.append(1) or x, lambda i: (torch.ones(2),)))
+    job = threading.Thread(target=corpus.run_program, args=("counted", CPU, ["eager"]),
+                           kwargs=dict(calls=3, rounds=1, iters=1))
+    with corpus._alone(CPU):  # another job's rounds
+        job.start()
+        job.join(timeout=1)
+        assert steps == [1]
+    job.join(timeout=30)
+    assert len(steps) == 3 + 1 + 1  # its calls, then one untimed and one timed call a round
+
+
 def test_rounds_run_on_the_timing_cores_and_the_job_compiles_on_the_others(tmp_path):
     import json
     import os
