@@ -25,6 +25,8 @@ CODE = ("grace", "experiments", "conf")  # what a measurement's result depends o
 LIBRARIES = ("torchvision", "transformers", "timm")
 READERS = ("experiments/figures.py", "experiments/report.py")  # they read records, never make them: a
 # figure's fix leaves the records of the code before it current
+CORPUS = ("experiments/corpus", "conf/experiment/corpus.yaml")  # the corpus's own code, which the suite never
+# runs: a corpus fix leaves the suite's records current (the corpus's records keep both hashes)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,8 @@ class Environment:
     gpus: str | None = None  # "<visible to this process> of <on the host>": "1 of 2" when a second sweep may share the host
     cpu: str | None = None  # "<model>, <n> cores": host-bound workloads' times depend on it
     load: float | None = None  # the host's 1-minute load average when the session began
-    code: str | None = None  # hash of CODE's files as they ran: equal across commits that only add results
+    code: str | None = None  # hash of CODE's files as they ran but CORPUS's: equal across commits that only add results
+    corpus: str | None = None  # in the corpus's records, the hash of CORPUS's files: with `code`, what it ran
     libraries: dict[str, str] | None = None  # LIBRARIES' versions, those installed
 
 
@@ -60,14 +63,18 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def code_hash() -> str:
-    """The files of CODE (Python and YAML) as they lie, names and contents: unlike git_commit, the same
-    after a commit of records, and right on the device machine, whose .git is a stale snapshot."""
+def code_hash(parts: tuple[str, ...] = CODE, leave_out: tuple[str, ...] = READERS + CORPUS) -> str:
+    """The files of `parts` (folders or files; Python and YAML) as they lie, but those under `leave_out`,
+    names and contents: unlike git_commit, the same after a commit of records, and right on the device
+    machine, whose .git is a stale snapshot."""
     h = hashlib.sha256()
-    for folder in CODE:
-        for f in sorted((REPO / folder).rglob("*")):
-            if f.suffix in (".py", ".yaml") and f.is_file() and str(f.relative_to(REPO)) not in READERS:
-                h.update(f"{f.relative_to(REPO)}\0".encode() + f.read_bytes() + b"\0")
+    for part in parts:
+        root = REPO / part
+        for f in [root] if root.is_file() else sorted(root.rglob("*")):
+            name = str(f.relative_to(REPO))
+            if (f.suffix in (".py", ".yaml") and f.is_file()
+                    and not any(name == o or name.startswith(o + "/") for o in leave_out)):
+                h.update(f"{name}\0".encode() + f.read_bytes() + b"\0")
     return h.hexdigest()[:12]
 
 

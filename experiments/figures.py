@@ -39,8 +39,11 @@ ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date", "cpu"]
 
 def measured_at(env: dict) -> str:
     """The code a record ran: its hash of grace/, experiments/ and conf/ (environment.code_hash), the same
-    for every commit that only adds results; for records made before the hash, their commit."""
-    return f"code {env['code']}" if env.get("code") else f"commit {(env.get('git_commit') or 'unknown')[:7]}"
+    for every commit that only adds results, and for a corpus record the hash of the corpus's own code;
+    for records made before the hash, their commit."""
+    if not env.get("code"):
+        return f"commit {(env.get('git_commit') or 'unknown')[:7]}"
+    return f"code {env['code']}" + (f", corpus {env['corpus']}" if env.get("corpus") else "")
 
 
 def padded_otherwise(records: Iterable[Record]) -> dict[tuple[str, str], list[str]]:

@@ -234,7 +234,8 @@ def code_note(records: Sequence[Record], code: str | None = None) -> str:
     """Whether the records describe the code as checked out (`code`: its hash; by default this tree's)."""
     code = code or code_hash()
     at = sum(r.status == "ok" and r.env.get("code") == code for r in records)
-    return (f"The code checked out with these results (grace/, experiments/ and conf/) hashes to {code}; "
+    return (f"The code checked out with these results (grace/, experiments/ and conf/, the corpus's own files "
+            f"apart) hashes to {code}; "
             f"{at} of the {sum(r.status == 'ok' for r in records)} ok records were made with it.")
 
 

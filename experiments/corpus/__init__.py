@@ -9,7 +9,7 @@ rounds) and how much of it CUDA graphs replay.
 One process runs every program in turn; a program's variants are built side by side from the same seed
 and timed in rounds, in an order drawn afresh each. Records are appended to
 <out>/<device>/records.jsonl, one per (program, variant); a rerun passes over programs recorded with
-this code (Environment.code; --force: again).
+this code (Environment.code and .corpus; --force: again).
 """
 
 from __future__ import annotations
@@ -277,12 +277,13 @@ def run(programs: Sequence[str], variants: Sequence[str], out: Path, force: bool
     cores = list(timing_cpus)
     if cores:
         pin_threads(sorted(os.sched_getaffinity(0) - set(cores)) or cores)
-    env = environment.current()
+    env = dataclasses.replace(environment.current(), corpus=environment.code_hash(environment.CORPUS, leave_out=()))
     device = torch.device("cuda" if env.device == "cuda" else "cpu")
     path = out / environment.device_tag(env) / "records.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     done = set() if force or not path.is_file() else {
-        r["program"] for r in map(json.loads, path.read_text().splitlines()) if r["env"].get("code") == env.code}
+        r["program"] for r in map(json.loads, path.read_text().splitlines())
+        if (r["env"].get("code"), r["env"].get("corpus")) == (env.code, env.corpus)}
     for name in tqdm([n for n in programs if n not in done], desc="corpus", unit="program"):
         lines = [json.dumps({**record, "timing_cpus": cores, "env": dataclasses.asdict(env)}, sort_keys=True,
                             default=str) + "\n"

@@ -87,6 +87,32 @@ def test_a_job_compiles_its_first_call_beside_another_jobs_rounds_and_waits_for_
     assert len(steps) == 3 + 1 + 1  # its calls, then one untimed and one timed call a round
 
 
+def test_a_rerun_passes_over_the_programs_recorded_with_this_code_and_this_corpus(tmp_path, monkeypatch):
+    import json
+
+    from experiments import environment
+
+    steps = []
+    monkeypatch.setitem(corpus.PROGRAMS, "counted", lambda device, compile: corpus.Program(
+        lambda x: steps.append(1) or x, lambda i: (torch.ones(2),)))
+    hashes = {"suite": "s1", "corpus": "c1"}
+    monkeypatch.setattr(environment, "code_hash", lambda parts=environment.CODE, leave_out=():
+                        hashes["corpus" if parts == environment.CORPUS else "suite"])
+    runs = []
+    try:
+        for change in [None, None, "corpus", "suite"]:
+            if change:
+                hashes[change] += "'"
+            environment.current.cache_clear()  # a process's environment is read once: this is a new process
+            steps.clear()
+            path = corpus.run(["counted"], ["eager"], tmp_path)
+            runs.append(bool(steps))
+    finally:
+        environment.current.cache_clear()
+    assert runs == [True, False, True, True]
+    assert [json.loads(line)["env"]["corpus"] for line in path.read_text().splitlines()] == ["c1", "c1'", "c1'"]
+
+
 def test_rounds_run_on_the_timing_cores_and_the_job_compiles_on_the_others(tmp_path):
     import json
     import os

@@ -25,6 +25,25 @@ def test_the_code_hash_follows_the_code_and_not_the_records(tmp_path, monkeypatc
     assert environment.code_hash() != before
 
 
+def test_a_corpus_fix_leaves_the_suites_code_and_moves_the_corpuss(tmp_path, monkeypatch):
+    for folder in environment.CODE:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "grace" / "runtime.py").write_text("x = 1\n")
+    (tmp_path / "experiments" / "corpus").mkdir()
+    (tmp_path / "experiments" / "corpus" / "hazards.py").write_text("programs = 1\n")
+    (tmp_path / "experiments" / "corpus_like.py").write_text("suite = 1\n")  # a name that only starts alike
+    monkeypatch.setattr(environment, "REPO", tmp_path)
+
+    def corpus():
+        return environment.code_hash(environment.CORPUS, leave_out=())
+
+    suite, own = environment.code_hash(), corpus()
+    (tmp_path / "experiments" / "corpus" / "hazards.py").write_text("programs = 2\n")
+    assert environment.code_hash() == suite and corpus() != own
+    (tmp_path / "experiments" / "corpus_like.py").write_text("suite = 2\n")
+    assert environment.code_hash() != suite
+
+
 def test_every_record_names_the_code_it_ran():
     env = environment.current()
     assert env.code == environment.code_hash() and len(env.code) == 12
