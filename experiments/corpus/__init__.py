@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import json
 import os
 import random
@@ -94,6 +95,10 @@ def difference(got: Any, want: Any, compare: str = "close") -> str | None:
         elif not torch.equal(g, w):
             return f"output {k}: {int((g != w).sum())} of {w.numel()} elements differ"
     return None
+
+
+def _is_grace(variant: str) -> bool:
+    return VARIANTS[variant] is not None and VARIANTS[variant]["backend"] == "grace"
 
 
 def _compiler(kwargs: dict | None) -> Callable:
@@ -185,13 +190,16 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
             r.update(status="skipped", reason=f"{v} needs CUDA, and this machine has none")
             continue
         start = len(grace.REPORTS)
-        if VARIANTS[v] is not None and VARIANTS[v]["backend"] == "grace":  # named by its options, ok or not
+        if _is_grace(v):  # named by its options, ok or not
             r["grace"] = {"options": [dataclasses.asdict(grace.Options.parse(VARIANTS[v].get("options")))]}
+        # grace's calls after the first record graphs and SCG times their candidates: alone on the GPU,
+        # as a user's program would have it, not beside other jobs' work
+        on_gpu = functools.partial(_alone if _is_grace(v) else _sharing, device)
         try:
             torch.manual_seed(0)
             program = builder(device, _compiler(VARIANTS[v]))
             for i in range(calls):  # the first compiles (minutes, for some): no other job's rounds wait on it
-                with _sharing(device) if i else contextlib.nullcontext():
+                with on_gpu() if i else contextlib.nullcontext():
                     out = _host(program.step(*program.inputs(i)))
                 if v == "eager":
                     reference.append(out)
@@ -206,14 +214,15 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
             r.update(status="crash", reason=error_line(e))
             continue
         built[v] = program
-        if VARIANTS[v] is not None and VARIANTS[v]["backend"] == "grace":
-            with _sharing(device):
+        if _is_grace(v):
+            with on_gpu():
                 summary = grace.explain_call(lambda p=program: p.step(*p.inputs(calls - 1)), start).summary()
             r["grace"] = {k: v2 for k, v2 in summary.items()
                           if k in ("options", "graphs", "partitions", "captured", "replays_per_call", "not_captured",
                                    "without_graph", "fallbacks", "cgct", "lean_graphs", "call_paths")}
-            if summary["scg"]:  # SCG's choices, counted (the decisions' numbers stay out of the records)
+            if summary["scg"]:  # SCG's choices, counted; the numbers only of those that declined a graph
                 r["grace"]["scg"] = {c: n for c, n in summary["scg"].items() if c in scg.CANDIDATES}
+                r["grace"]["scg"]["declined"] = [d for d in summary["scg"]["decisions"] if d["choice"] == scg.Choice.EAGER]
     _time(built, records, device, calls - 1, rounds, iters, timing_cpus)
     return list(records.values())
 

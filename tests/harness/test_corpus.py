@@ -87,6 +87,22 @@ def test_a_job_compiles_its_first_call_beside_another_jobs_rounds_and_waits_for_
     assert len(steps) == 3 + 1 + 1  # its calls, then one untimed and one timed call a round
 
 
+def test_grace_waits_for_the_gpu_alone_for_its_calls_after_the_first_where_scg_times_candidates(monkeypatch):
+    import threading
+
+    steps = []
+    monkeypatch.setitem(corpus.PROGRAMS, "counted", lambda device, compile: corpus.Program(
+        lambda x: steps.append(1) or x, lambda i: (torch.ones(2),)))
+    job = threading.Thread(target=corpus.run_program, args=("counted", CPU, ["eager", "grace"]),
+                           kwargs=dict(calls=3, rounds=1, iters=1))
+    with corpus._sharing(CPU):  # another job's calls: eager's run beside them, grace's first too
+        job.start()
+        job.join(timeout=2)
+        assert len(steps) == 3 + 1
+    job.join(timeout=30)
+    assert len(steps) > 3 + 3
+
+
 def test_a_rerun_passes_over_the_programs_recorded_with_this_code_and_this_corpus(tmp_path, monkeypatch):
     import json
 
@@ -222,3 +238,16 @@ def test_a_grace_variant_that_crashed_is_named_by_the_options_it_ran(monkeypatch
     records = {r["variant"]: r for r in corpus.run_program("python_int_argument", CPU, ["eager", "grace"],
                                                           calls=1, rounds=1, iters=1)}
     assert records["grace"]["status"] == "crash" and report._grace_variant(records["grace"]) == "grace"
+
+
+def test_a_grace_record_keeps_the_numbers_of_each_graph_scg_declined(cpu_partitions, monkeypatch):
+    """Why a program ran without graphs must be readable from its record (fcos at c2f722a59d60 was not)."""
+    from grace import scg
+
+    monkeypatch.setattr(scg, "timer", lambda name, run: (run(), 1.0 if name == "eager" else 2.0)[1])
+    monkeypatch.setitem(corpus.VARIANTS, "scg", {"backend": "grace", "options": {"pi": False, "scg": True}})
+    records = {r["variant"]: r for r in corpus.run_program("python_float_argument", CPU, ["eager", "scg"],
+                                                          calls=4, rounds=1, iters=1)}
+    decided = records["scg"]["grace"]["scg"]
+    assert decided["eager"] >= 1 and len(decided["declined"]) == decided["eager"], decided
+    assert all(d["choice"] == "eager" and d["measured_us"]["graph"] == 2.0 for d in decided["declined"]), decided
