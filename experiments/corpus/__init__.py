@@ -279,6 +279,19 @@ def select(only: Sequence[str] = (), variants: Sequence[str] = tuple(VARIANTS)) 
     return [n for n in PROGRAMS if not only or any(of(o, n) for o in only)]
 
 
+def where(out: Path) -> tuple[environment.Environment, Path]:
+    """This machine's environment, the corpus's code hash in it, and its records file under `out`."""
+    env = dataclasses.replace(environment.current(), corpus=environment.code_hash(environment.CORPUS, leave_out=()))
+    return env, out / environment.device_tag(env) / "records.jsonl"
+
+
+def recorded(path: Path, env: environment.Environment) -> set[str]:
+    """The programs `path` holds records of, made with env's code and corpus."""
+    return set() if not path.is_file() else {
+        r["program"] for r in map(json.loads, path.read_text().splitlines())
+        if (r["env"].get("code"), r["env"].get("corpus")) == (env.code, env.corpus)}
+
+
 def run(programs: Sequence[str], variants: Sequence[str], out: Path, force: bool = False,
         timing_cpus: Sequence[int] = ()) -> Path:
     """Run `programs` (select) with `variants`, appending to <out>/<device>/records.jsonl; returns its path.
@@ -286,13 +299,10 @@ def run(programs: Sequence[str], variants: Sequence[str], out: Path, force: bool
     cores = list(timing_cpus)
     if cores:
         pin_threads(sorted(os.sched_getaffinity(0) - set(cores)) or cores)
-    env = dataclasses.replace(environment.current(), corpus=environment.code_hash(environment.CORPUS, leave_out=()))
+    env, path = where(out)
     device = torch.device("cuda" if env.device == "cuda" else "cpu")
-    path = out / environment.device_tag(env) / "records.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = set() if force or not path.is_file() else {
-        r["program"] for r in map(json.loads, path.read_text().splitlines())
-        if (r["env"].get("code"), r["env"].get("corpus")) == (env.code, env.corpus)}
+    done = set() if force else recorded(path, env)
     for name in tqdm([n for n in programs if n not in done], desc="corpus", unit="program"):
         lines = [json.dumps({**record, "timing_cpus": cores, "env": dataclasses.asdict(env)}, sort_keys=True,
                             default=str) + "\n"
