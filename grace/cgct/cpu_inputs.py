@@ -14,7 +14,10 @@ host-to-device copy at the start leaves all of the work on the GPU, in one parti
                                                         return x * s
 
 The copy runs on every call (the input's values may change), outside the graph: a device copy from
-pageable memory cannot be captured.
+pageable memory cannot be captured. It is non-blocking: a blocking one waits for all the GPU work queued
+before it, which takes from a host-bound program the lead its host had; from pageable memory the driver
+stages the values before it returns, so the caller may change the tensor at once (PyTorch's
+pin_memory/non_blocking guide).
 """
 
 from __future__ import annotations
@@ -32,6 +35,6 @@ def run(gm: fx.GraphModule, device: torch.device) -> str | None:
         return None
     with gm.graph.inserting_after(placeholders[-1]):
         for node in movable:
-            moved = gm.graph.call_method("to", (node, device))
+            moved = gm.graph.call_method("to", (node, device), {"non_blocking": True})
             node.replace_all_uses_with(moved, delete_user_cb=lambda user, m=moved: user is not m)
     return f"{len(movable)} CPU tensor inputs copied to {device} at the start"

@@ -55,7 +55,7 @@ def test_cgct_moves_cpu_factories_and_inputs_that_feed_gpu_work():
                      "cpu_inputs: 1 CPU tensor inputs copied to cuda:0 at the start"], notes
     code = gm.code
     assert "torch.tensor(2.0, device = device(type='cuda', index=0))" in code
-    assert "table.to(device(type='cuda', index=0))" in code
+    assert "table.to(device(type='cuda', index=0), non_blocking = True)" in code
     assert all(n.meta["val"].device == GPU for n in gm.graph.nodes if n.op == "call_function")
     # the rewired graph computes what the original does (devices put back to the CPU to run it here)
     x = torch.randn(4)

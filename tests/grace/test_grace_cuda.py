@@ -317,6 +317,31 @@ def test_cgct_moves_a_cpu_schedule_to_the_gpu_and_the_graph_captures_whole():
         torch.testing.assert_close(compiled(x, 3), model(x, 3))
 
 
+def test_the_moved_cpu_schedule_does_not_wait_for_the_gpu_work_queued_before_it():
+    """CGCT's copy of a CPU input is non-blocking: a blocking one would make the host wait for the GPU,
+    and a host-bound program would lose the lead its host had."""
+    import time
+
+    from grace.torch_adapter import gpu_spin
+
+    model = Schedule().cuda()
+    x = torch.randn(4, 16, device="cuda")
+    compiled = torch.compile(model, backend="grace", options=RUNTIME)
+    for _ in range(4):
+        expected = compiled(x, 3)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    gpu_spin(200_000_000)  # some 100 ms of GPU time queued ahead of the call
+    end.record()
+    t0 = time.perf_counter()
+    out = compiled(x, 3)
+    host_ms = (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    assert host_ms < start.elapsed_time(end) / 2, (host_ms, start.elapsed_time(end))
+    torch.testing.assert_close(out, expected)
+
+
 def grid_offsets(x):
     """RAFT's correlation lookup (torchvision): a grid of offsets built on the CPU through
     torch.meshgrid, then copied to the GPU."""
