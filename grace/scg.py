@@ -33,6 +33,7 @@ class Choice(enum.StrEnum):
 
 CLEAR = 0.3  # predicted relative margin beyond which no timing is done
 ROUNDS = 3  # timings of each candidate, in turn; the fastest counts
+TIE = 0.05  # a candidate within this of a round's fastest is as fast in that round
 CANDIDATES = tuple(Choice)
 
 
@@ -92,22 +93,27 @@ class Decision:
                 "costs": dataclasses.asdict(self.costs) if self.costs else None, "error": self.error}
 
 
-def predict(c: Costs) -> dict[str, float]:
-    """Time per call of each candidate: the host's work or the GPU's, whichever is longer (the host
-    queues launches ahead of the GPU). Without a graph the host launches every kernel (as Inductor's
-    generated code does: EAGER_LAUNCH_FACTOR calibrated launches each); with one it
-    replays, launches the copies (one launch for all) and, with PI, re-points its nodes, and the GPU
-    copies the bytes (at the device's copy bandwidth) before the graph's kernels run."""
+def host_us(c: Costs) -> dict[str, float]:
+    """The host's work per call of each candidate: without a graph it launches every kernel (as
+    Inductor's generated code does: EAGER_LAUNCH_FACTOR calibrated launches each); with one it replays,
+    launches the copies (one launch for all) and, with PI, re-points its nodes."""
+    def graph(copies: int, patched: int) -> float:
+        return c.replay_us + (c.launch_us if copies else 0.0) + patched * PATCH_US
 
-    def graph(copy_bytes: int, copies: int, patched: int) -> float:
-        return max(c.replay_us + (c.launch_us if copies else 0.0) + patched * PATCH_US,
-                   c.gpu_us + (copy_bytes / c.copy_bytes_per_us if copies else 0.0))
-
-    predicted = {Choice.GRAPH: graph(c.copy_bytes, c.copies, 0),
-                 Choice.EAGER: max(c.kernels * c.launch_us * EAGER_LAUNCH_FACTOR, c.gpu_us)}
+    host = {Choice.GRAPH: graph(c.copies, 0), Choice.EAGER: c.kernels * c.launch_us * EAGER_LAUNCH_FACTOR}
     if c.patched_nodes:
-        predicted[Choice.GRAPH_PI] = graph(c.pi_copy_bytes, c.pi_copies, c.patched_nodes)
-    return predicted
+        host[Choice.GRAPH_PI] = graph(c.pi_copies, c.patched_nodes)
+    return host
+
+
+def predict(c: Costs) -> dict[str, float]:
+    """Time per call of each candidate: the host's work (host_us) or the GPU's, whichever is longer (the
+    host queues launches ahead of the GPU). With a graph the GPU copies the bytes (at the device's copy
+    bandwidth) before the graph's kernels run."""
+    gpu = {Choice.GRAPH: c.gpu_us + (c.copy_bytes / c.copy_bytes_per_us if c.copies else 0.0),
+           Choice.EAGER: c.gpu_us,
+           Choice.GRAPH_PI: c.gpu_us + (c.pi_copy_bytes / c.copy_bytes_per_us if c.pi_copies else 0.0)}
+    return {name: max(host, gpu[name]) for name, host in host_us(c).items()}
 
 
 def clear(predicted: dict[str, float]) -> str | None:
@@ -164,19 +170,29 @@ def decide(costs: Costs | None, runs: dict[str, Callable[[], object]], timer: Ti
     if across is not None:
         rounds = across(rounds)
     fastest = {name: min(times) for name, times in rounds.items()}
-    return Decision(choose(rounds, predicted), predicted, fastest, rounds, costs)
+    return Decision(choose(rounds, predicted, host_us(costs) if costs is not None else {}), predicted,
+                    fastest, rounds, costs)
 
 
 def most_wins(rounds: dict[str, list[float]]) -> list[str]:
-    """The candidates fastest in the most rounds (more than one: the timing cannot tell them apart)."""
-    wins = Counter(min(rounds, key=lambda name: rounds[name][r]) for r in range(len(next(iter(rounds.values())))))
+    """The candidates as fast as the fastest (within TIE) in the most rounds (more than one: the timing
+    cannot tell them apart)."""
+    n = len(next(iter(rounds.values())))
+    wins = Counter(name for r in range(n) for name in rounds
+                   if rounds[name][r] <= (1 + TIE) * min(times[r] for times in rounds.values()))
     return [name for name in rounds if wins[name] == max(wins.values())]
 
 
-def choose(rounds: dict[str, list[float]], predicted: dict[str, float]) -> str:
-    """The candidate fastest in the most rounds; among those tied, the model's favourite (without a
-    prediction, the one with the fastest round)."""
-    return min(most_wins(rounds), key=lambda name: (predicted.get(name, math.inf), min(rounds[name])))
+def choose(rounds: dict[str, list[float]], predicted: dict[str, float], host: dict[str, float]) -> str:
+    """The candidate fastest in the most rounds; among those tied, the model's favourites (within TIE of
+    the best prediction), and of those the one that leaves the host the most time (host_us), then the
+    one with the fastest round. Timed back to back, a partition that keeps the GPU busy ties whatever
+    the host does, and the model favours no graph by a sliver (no copies); in a host-bound program the
+    host's time is what the graph saves."""
+    tied = most_wins(rounds)
+    best = min((predicted[name] for name in tied if name in predicted), default=math.inf)
+    near = [name for name in tied if predicted.get(name, math.inf) <= (1 + TIE) * best] or tied
+    return min(near, key=lambda name: (host.get(name, math.inf), predicted.get(name, math.inf), min(rounds[name])))
 
 
 def cuda_timer(candidate: str, run: Callable[[], object]) -> float:

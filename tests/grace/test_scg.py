@@ -88,6 +88,30 @@ def test_decision_measures_when_unclear_and_says_whether_the_model_agreed():
     assert clear.choice == "graph" and clear.measured_us is None and clear.agreed is None
 
 
+def test_a_tie_on_a_gpu_bound_partition_goes_to_the_candidate_that_spares_the_host():
+    """100 kernels under 5 ms of GPU work: timed alone, every candidate takes the GPU's time; the graph
+    spares the host 100 launches, which a host-bound program needs."""
+    gpu_bound = dataclasses.replace(_costs(100, copy_bytes=4096, copies=1, gpu_us=5000.0), patched_nodes=3)
+    assert scg.host_us(gpu_bound)["eager"] > 10 * scg.host_us(gpu_bound)["graph_pi"]
+    runs = dict.fromkeys(["graph", "graph_pi", "eager"], lambda: None)
+
+    def timed(rounds):
+        times = {name: iter(ts) for name, ts in rounds.items()}
+        return scg.decide(gpu_bound, runs, lambda name, run: next(times[name]), Snapshot([]))
+
+    # eager a shade faster in every round (within TIE): a tie, and the model favours eager (no copy)
+    d = timed({"graph": [5010.0, 5030.0, 5020.0], "graph_pi": [5005.0, 5015.0, 5010.0], "eager": [5000.0] * 3})
+    assert d.tied and d.predicted_choice == "eager" and d.choice == "graph_pi", d
+    # eager faster beyond TIE in most rounds: the timing decides
+    d = timed({"graph": [5600.0] * 3, "graph_pi": [5500.0, 5500.0, 4990.0], "eager": [5000.0] * 3})
+    assert not d.tied and d.choice == "eager", d
+    # the model's favourites only: a graph whose copies the model prices far above the rest stays out
+    costly = dataclasses.replace(gpu_bound, copy_bytes=2**30)
+    d = scg.decide(costly, {"graph": runs["graph"], "eager": runs["eager"]},
+                   lambda name, run: 5000.0, Snapshot([]))
+    assert d.tied and d.choice == "eager", d
+
+
 def _noisy_counter(args):
     """A partition that mutates an input (w += 1) and draws random numbers."""
     x, w = args
