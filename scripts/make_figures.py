@@ -3,6 +3,7 @@ tables, pt2_cg_shortfall.md, and results.md, which also replaces the README's re
 
     python scripts/make_figures.py                      # GPU records of every experiment under results/
     python scripts/make_figures.py --device nvidia-h200 --experiments baselines full
+    python scripts/make_figures.py --code ffa3f8d23dd6  # only what that code measured (records' env.code)
 
 Where several experiments recorded the same (workload, mode, batch, size, variant), the newest wins. Only
 run 0 goes into the figures and tables; repeats (experiment=spread's run 1) only into the spread report.
@@ -27,10 +28,14 @@ def main(argv=None) -> int:
     p.add_argument("--experiments", nargs="*", help="experiments to read (default: all)")
     p.add_argument("--out", type=Path, default=Path("paper_figures"))
     p.add_argument("--readme", type=Path, default=Path("README.md"), help="README whose results section to replace")
+    p.add_argument("--code", help="only records made by this code (their env.code), the corpus's too")
     args = p.parse_args(argv)
     every, first = figures.load(args.results, args.device, args.experiments)
+    if args.code:
+        every, first = ([r for r in rs if r.env.get("code") == args.code] for rs in (every, first))
     if not every:
-        print(f"error: no records under {args.results}/*/{args.device}/", file=sys.stderr)
+        at = f" made by code {args.code}" if args.code else ""
+        print(f"error: no records{at} under {args.results}/*/{args.device}/", file=sys.stderr)
         return 2
     revised = workloads.revisions({r.workload for r in every})
     records = current(every, revised)  # a revised workload's older records measured another program
@@ -48,7 +53,8 @@ def main(argv=None) -> int:
                   + "\n" if len(left_out) else ""))
     corpus = args.results / "corpus" / args.device / "records.jsonl"
     if corpus.is_file():
-        results += report.corpus_markdown(json_lines(corpus))
+        programs = [r for r in json_lines(corpus) if not args.code or r["env"].get("code") == args.code]
+        results += report.corpus_markdown(programs) if programs else ""
     (args.out / "results.md").write_text(results)
     report.splice(results, args.readme)
     if "<!-- cuda-tests:begin -->" in args.readme.read_text():  # the newest run, on whichever GPU

@@ -131,6 +131,22 @@ def test_make_figures_script(tmp_path):
     assert make_figures.main(["--results", str(tmp_path / "nothing")]) == 2
 
 
+def test_make_figures_with_a_code_draws_only_what_that_code_measured(tmp_path):
+    old = [dataclasses.replace(r, env={**r.env, "code": "old"}, median_ms=r.median_ms * 3) for r in RECORDS[:3]]
+    new = [dataclasses.replace(r, env={**r.env, "code": "new", "date": "2026-12-01T00:00:00+00:00"})
+           for r in RECORDS[3:6]]
+    path = tmp_path / "results" / "x" / "nvidia-h200" / "records.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(r.to_json() + "\n" for r in old + new))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
+    argv = ["--results", str(tmp_path / "results"), "--out", str(tmp_path / "figs"), "--readme", str(readme)]
+    assert make_figures.main(argv + ["--code", "new"]) == 0
+    workloads = pd.read_csv(tmp_path / "figs" / "extra_speedup.csv")["workload"].tolist()
+    assert "b eval b1" in workloads and "a eval b1" not in workloads
+    assert make_figures.main(argv + ["--code", "none"]) == 2
+
+
 def test_load_reads_the_sweeps_records_and_leaves_other_formats_to_their_readers(tmp_path, caplog):
     for experiment, lines in (("full", [r.to_json() for r in RECORDS]),
                               ("corpus", ['{"program": "zoo.mlp", "kernels": 3}']),
