@@ -1,0 +1,53 @@
+import dataclasses
+
+from experiments import environment
+from experiments.records import Record, RecordStore
+from scripts import suite_jobs
+
+
+def test_a_call_takes_the_longest_that_fit_then_one_more_whose_end_does_not_matter():
+    left = [("A", "full", 100.0), ("B", "full", 300.0), ("C", "full", 250.0), ("D", "full", None),
+            ("E", "fig9", 50.0)]
+    # B, then A (C no longer fits, E is of another set), then D, never measured, as the one more
+    assert suite_jobs.pack(left, 450) == [("B", "full"), ("A", "full"), ("D", "full")]
+    # with none never measured, the shortest left is the one more
+    assert suite_jobs.pack(left[:3], 450) == [("B", "full"), ("A", "full"), ("C", "full")]
+
+
+def test_with_none_that_fits_one_goes_alone_by_fig9_where_nothing_of_it_is_known():
+    assert suite_jobs.pack([("A", "full", 900.0), ("D", "full", None)], 450) == [("D", "fig9")]
+    assert suite_jobs.pack([("A", "fig10", 900.0)], 450) == [("A", "fig10")]
+
+
+def _session(store, env, name, mode, variants, session, seconds, status="ok"):
+    for v in variants:
+        store.append(Record(experiment="full", session=session, run=0, workload=name, mode=mode, batch=1,
+                            size="full", variant=v, status=status, workload_s=seconds, env=dataclasses.asdict(env)))
+
+
+def test_only_workloads_not_measured_whole_with_this_code_are_given_out(tmp_path, monkeypatch, capsys):
+    env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
+    monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
+    sets = {s: suite_jobs.variants(s, cuda=True) for s in suite_jobs.SETS}
+    here = RecordStore(tmp_path / "gpu-a" / "records.jsonl")
+    there = RecordStore(tmp_path / "gpu-b" / "records.jsonl")
+    eos, alnet, dlrm = (suite_jobs.workload(n) for n in ("EOS", "ALNET", "DLRM"))
+    _session(here, env, *eos, sets["full"], "s1", 60.0)  # measured whole: not given out
+    _session(here, env, *alnet, sets["fig9"], "s2", 40.0)  # half of it: fig10 is left
+    _session(here, dataclasses.replace(env, code="0" * 12), *dlrm, sets["full"], "s3", 80.0)  # another code
+    _session(there, env, *dlrm, sets["full"], "s4", 40.0)  # 2x slower here than there, by DLRM alone
+    _session(there, env, *alnet, sets["fig10"], "s5", 30.0)
+
+    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 0
+    # DLRM's own session here: 80 s; ALNET's fig10 there: 30 s, so 60 s here, of another set; then the first
+    # workload never measured
+    assert capsys.readouterr().out.split()[:2] == ["full", "workload=DLRM,XLNET-I"]
+    _session(here, env, *dlrm, sets["full"], "s6", 80.0)
+    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 0
+    call = capsys.readouterr().out.split()
+    assert call[0] == "fig10" and call[1].startswith("workload=ALNET")
+    assert "EOS" not in " ".join(call) and "DLRM" not in " ".join(call)
+    # ALNET's fig10 is expected to take 60 s here: in 50 s it does not fit, and a workload never measured
+    # goes alone by Fig 9's set
+    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "50"]) == 0
+    assert capsys.readouterr().out.split() == ["fig9", "workload=XLNET-I"]
