@@ -14,7 +14,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 from hydra import compose, initialize_config_dir
 
-from experiments import config  # noqa: F401  (registers the config schema)
+import experiments.config  # noqa: F401  (registers the config schema)
 from grace import pi, recording
 from tests.grace.fakes import fake_capture
 
