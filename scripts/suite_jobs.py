@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments
 
 from experiments import environment  # noqa: E402
-from experiments.records import FINAL_STATUSES, Record, RecordStore, latest  # noqa: E402
+from experiments.records import Record, RecordStore, Selection, latest  # noqa: E402
 from experiments.sweep import AA_SUFFIX, FLOOR  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,16 +59,12 @@ def sessions(records: list[Record], sets: dict[str, frozenset[str]]) -> dict[tup
     return took
 
 
-def done(records: list[Record], code: str, key: tuple[str, str], sets: dict[str, frozenset[str]]) -> set[str]:
-    """The variant sets of `key` (workload, mode) whose newest records are final, of `code`, in one session."""
-    newest = {r.variant: r for k, r in latest(records).items() if (k.workload, k.mode) == key}
-    out = set()
-    for s, want in sets.items():
-        got = [newest.get(v) for v in want]
-        if all(r is not None and r.env.get("code") == code and (r.status in FINAL_STATUSES or r.status == "skipped")
-               for r in got) and len({r.session for r in got}) == 1:
-            out.add(s)
-    return out
+def done(final: set[Selection], newest: dict[Selection, Record], key: tuple[str, str],
+         sets: dict[str, frozenset[str]]) -> set[str]:
+    """The variant sets of `key` (workload, mode) whose records are `final` (those a rerun leaves alone:
+    RecordStore.final_keys), all from one session (`newest`: the latest record per key)."""
+    sessions = {k.variant: newest[k].session for k in final if (k.workload, k.mode) == key}
+    return {s for s, want in sets.items() if want <= sessions.keys() and len({sessions[v] for v in want}) == 1}
 
 
 def pack(left: list[tuple[str, str, float | None]], seconds: float) -> list[tuple[str, str]]:
@@ -101,7 +97,9 @@ def main(argv=None) -> int:
     cuda = env.device == "cuda"
     sets = {s: variants(s, cuda) for s in SETS}
     here = environment.device_tag(env)
-    mine = RecordStore(args.results / here / "records.jsonl").load()
+    store = RecordStore(args.results / here / "records.jsonl")
+    mine = store.load()
+    final, newest = store.final_keys(code=env.code), latest(mine)
     others = [RecordStore(f).load() for f in sorted(args.results.glob("*/records.jsonl")) if f.parent.name != here]
     took_here = sessions(mine, sets)
     took_there = {}
@@ -118,7 +116,7 @@ def main(argv=None) -> int:
     left = []
     for name in names:
         key = workload(name)
-        have = done(mine, env.code, key, sets)
+        have = done(final, newest, key, sets)
         if "full" in have or {"fig9", "fig10"} <= have:
             continue
         whole = expected(key, "full")
