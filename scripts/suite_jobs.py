@@ -7,8 +7,10 @@ prints, say, `full workload=EOS,ALNET,DR-T`. A workload is measured whole by `fu
 one session) or by `fig9` and `fig10` (two sessions that share the baseline and grace); one whose `full`
 session would not fit a call goes by `fig9`, then `fig10`. Its expected time is the latest whole session of
 that variant set on this machine, else on another, scaled by how much slower this machine took the workloads
-both measured; one never measured goes alone. The call takes the longest that fits, then fills up with the
-next longest (first fit, decreasing); a rerun after each call packs again from what is left.
+both measured. The call takes the longest that fit (first fit, decreasing), then one more whose end does
+not matter (the sweep measures a workload its time ran out on again, whole): one never measured, else the
+shortest left. Where none fits, one never measured goes alone, by `fig9`. A rerun after each call packs
+again from what is left.
 """
 
 from __future__ import annotations
