@@ -7,9 +7,9 @@ prints, say, `full workload=EOS,ALNET,DR-T`. A workload is measured whole by `fu
 one session) or by `fig9` and `fig10` (two sessions that share the baseline and grace); one whose `full`
 session would not fit a call goes by `fig9`, then `fig10`. Its expected time is the latest whole session of
 that variant set on this machine, else on another, scaled by how much slower this machine took the workloads
-both measured. The call takes the longest that fit (first fit, decreasing), then one more whose end does
-not matter (the sweep measures a workload its time ran out on again, whole): one never measured, else the
-shortest left. Where none fits, one never measured goes alone, by `fig9`. A rerun after each call packs
+both measured; never less than a session of that set ran here before it was stopped. The call takes the
+longest that fit (first fit, decreasing), then one more whose end does not matter (the sweep measures a
+workload its time ran out on again, whole): one never measured, else the shortest left. Where none fits, one never measured goes alone, by `fig9`. A rerun after each call packs
 again from what is left.
 """
 
@@ -46,18 +46,20 @@ def workload(name: str) -> tuple[str, str]:
     return conf.name, conf.mode
 
 
-def sessions(records: list[Record], sets: dict[str, frozenset[str]]) -> dict[tuple, float]:
+def sessions(records: list[Record], sets: dict[str, frozenset[str]], stopped: bool = False) -> dict[tuple, float]:
     """(workload, mode, set) -> seconds of the latest session that ran that set's variants to the end (the
-    floor aside: older sessions had none), whatever their status."""
+    floor aside: older sessions had none), whatever their status; with `stopped`, the longest a session of
+    that set ran before it was stopped, the least that set needs here."""
     held: dict[str, set[str]] = {}
-    cut = {r.session for r in records if r.status == "interrupted"}
     for r in records:
         held.setdefault(r.session, set()).add(r.variant)
-    took = {}
+    cut = {r.session for r in records if r.status == "interrupted"}
+    took: dict[tuple, float] = {}
     for r in records:  # oldest first: a later session replaces an earlier one, its last record the whole time
         for s, want in sets.items():
-            if r.session not in cut and held[r.session] - {FLOOR} == want - {FLOOR} and r.workload_s:
-                took[(r.workload, r.mode, s)] = r.workload_s
+            if (r.session in cut) == stopped and held[r.session] - {FLOOR} == want - {FLOOR} and r.workload_s:
+                k = (r.workload, r.mode, s)
+                took[k] = max(took.get(k, 0.0), r.workload_s) if stopped else r.workload_s
     return took
 
 
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
     mine = store.load()
     final, newest = store.final_keys(code=env.code), latest(mine)
     others = [RecordStore(f).load() for f in sorted(args.results.glob("*/records.jsonl")) if f.parent.name != here]
-    took_here = sessions(mine, sets)
+    took_here, stopped = sessions(mine, sets), sessions(mine, sets, stopped=True)
     took_there = {}
     for recs in others:
         took_there.update(sessions(recs, sets))
@@ -112,7 +114,8 @@ def main(argv=None) -> int:
 
     def expected(key: tuple[str, str], s: str) -> float | None:
         k = (*key, s)
-        return took_here.get(k) or (took_there[k] * slower if k in took_there else None)
+        guess = took_here.get(k) or (took_there[k] * slower if k in took_there else None)
+        return max(guess or 0.0, stopped.get(k, 0.0)) or None
 
     names = OmegaConf.load(REPO / "conf" / "experiment" / "full.yaml").hydra.sweeper.params.workload.split(",")
     left = []

@@ -51,3 +51,19 @@ def test_only_workloads_not_measured_whole_with_this_code_are_given_out(tmp_path
     # goes alone by Fig 9's set
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "50"]) == 0
     assert capsys.readouterr().out.split() == ["fig9", "workload=XLNET-I"]
+
+
+def test_a_set_stopped_here_is_expected_to_take_at_least_as_long_as_it_ran(tmp_path, monkeypatch, capsys):
+    env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
+    monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
+    sets = {s: suite_jobs.variants(s, cuda=True) for s in suite_jobs.SETS}
+    here = RecordStore(tmp_path / "gpu-a" / "records.jsonl")
+    there = RecordStore(tmp_path / "gpu-b" / "records.jsonl")
+    dgpt2 = suite_jobs.workload("DGPT2")
+    _session(there, env, *dgpt2, sets["full"], "s1", 80.0)  # fits 100 s by the other machine's time
+    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 0
+    assert capsys.readouterr().out.split()[:2] == ["full", "workload=DGPT2,XLNET-I"]
+    _session(here, env, *dgpt2, sets["full"], "s2", 110.0, status="interrupted")  # but ran 110 s here, cut
+    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 0
+    call = capsys.readouterr().out.split()
+    assert call[0] == "fig9" and "DGPT2" not in call[1]  # by fig9, whose time nothing here tells
