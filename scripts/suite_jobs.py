@@ -6,7 +6,7 @@ call by how long their sessions took before: the arguments of scripts/device_run
 prints, say, `full workload=EOS,ALNET,DR-T`. A workload is measured whole by `full` (all eight variants in
 one session) or by `fig9` and `fig10` (two sessions that share the baseline and grace); one whose `full`
 session would not fit a call goes by `fig9`, then `fig10`. Its expected time is the latest whole session of
-that variant set on this machine, else on another, scaled by how much slower this machine took the workloads
+that variant set on this machine, else on another, scaled by the most this machine was slower on a workload
 both measured; never less than a session of that set ran here before it was stopped. The call takes the
 longest that fit (first fit, decreasing), then one more whose end does not matter (the sweep measures a
 workload its time ran out on again, whole): one never measured, else the shortest left. Where none fits, one never measured goes alone, by `fig9`. A rerun after each call packs
@@ -16,7 +16,6 @@ again from what is left.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -109,8 +108,10 @@ def main(argv=None) -> int:
     took_there = {}
     for recs in others:
         took_there.update(sessions(recs, sets))
-    both = [took_here[k] / took_there[k] for k in took_here.keys() & took_there.keys()]
-    slower = statistics.median(both) if both else 1.0
+    # the most this machine was slower on any workload, a stopped session counting by what it ran: a call
+    # planned too short loses its whole time, one planned too long only some of it
+    both = [here_s / took_there[k] for t in (took_here, stopped) for k, here_s in t.items() if k in took_there]
+    slower = max(both, default=1.0)
 
     def expected(key: tuple[str, str], s: str) -> float | None:
         k = (*key, s)
