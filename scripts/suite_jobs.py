@@ -3,14 +3,19 @@ call by how long their sessions took before: the arguments of scripts/device_run
 
     A=$(python scripts/suite_jobs.py --seconds 540) && bash scripts/device_run.sh $A
 
-prints, say, `full workload=EOS,ALNET,DR-T`. A workload is measured whole by `full` (all eight variants in
-one session) or by `fig9` and `fig10` (two sessions that share the baseline and grace); one whose `full`
-session would not fit a call goes by `fig9`, then `fig10`. Its expected time is the latest whole session of
-that variant set on this machine, else on another, scaled by the most this machine was slower on a workload
-both measured; never less than a session of that set ran here before it was stopped. The call takes the
-longest that fit (first fit, decreasing), then one more whose end does not matter (the sweep measures a
-workload its time ran out on again, whole): one never measured, else the shortest left. Where none fits, one never measured goes alone, by `fig9`. A rerun after each call packs
-again from what is left.
+prints, say, `full workload=EOS,ALNET,DR-T`. A workload is measured whole when each of its eight variants
+is recorded with this code in a session that also holds the baseline, grace, the A/A control and the
+floor: by `full` (one session), or where that would not fit a call, by `fig9` (inductor, pt2_cg, grace)
+and then the ablation, `fig10`, whole or, where that would not fit either, in parts (`fig10
+variant=[inductor,grace,runtime,cgct]`), each part a session with the same anchors.
+
+A session's workers are set up one after another, so its time is counted per worker: the latest whole
+session of the workload on this machine, else on another, scaled by the most this machine was slower on a
+workload both measured; never less than a session stopped here ran. The call takes the longest that fit
+(first fit, decreasing), then one more whose end does not matter (the sweep measures a workload its time
+ran out on again, whole): one never measured, else the shortest left. Where none fits, one never measured
+goes alone, by `fig9`. A workload whose `fig9` set or one ablation variant with the anchors would not fit
+is named on stderr and left out. A rerun after each call packs again from what is left.
 """
 
 from __future__ import annotations
@@ -24,19 +29,23 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments
 
 from experiments import environment  # noqa: E402
-from experiments.records import Record, RecordStore, Selection, latest  # noqa: E402
+from experiments.records import FINAL_STATUSES, Record, RecordStore, Selection, latest  # noqa: E402
 from experiments.sweep import AA_SUFFIX, FLOOR  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-SETS = ("full", "fig9", "fig10")
+BASE = OmegaConf.load(REPO / "conf" / "config.yaml").baseline
+ANCHORS = (BASE, "grace")  # in every session of a workload measured in parts
 
 
-def variants(experiment: str, cuda: bool) -> frozenset[str]:
-    """The variants that `experiment` records in a session: its own, the A/A control and on CUDA the floor."""
+def own(experiment: str) -> list[str]:
+    """The variants `experiment` selects, in its order."""
     conf = OmegaConf.load(REPO / "conf" / "experiment" / f"{experiment}.yaml")
-    own = next(d["override /variant"] for d in conf.defaults if "override /variant" in d)
-    base = OmegaConf.load(REPO / "conf" / "config.yaml")
-    return frozenset([*own, base.baseline + AA_SUFFIX] + ([FLOOR] if cuda else []))
+    return list(next(d["override /variant"] for d in conf.defaults if "override /variant" in d))
+
+
+def workers(selected: list[str], cuda: bool) -> int:
+    """Worker processes of a session of `selected`: one each, the A/A control's and on CUDA the floor's."""
+    return len(selected) + 1 + cuda
 
 
 def workload(name: str) -> tuple[str, str]:
@@ -45,36 +54,64 @@ def workload(name: str) -> tuple[str, str]:
     return conf.name, conf.mode
 
 
-def sessions(records: list[Record], sets: dict[str, frozenset[str]], stopped: bool = False) -> dict[tuple, float]:
-    """(workload, mode, set) -> seconds of the latest session that ran that set's variants to the end (the
-    floor aside: older sessions had none), whatever their status; with `stopped`, the longest a session of
-    that set ran before it was stopped, the least that set needs here."""
+def per_worker(records: list[Record], stopped: bool = False) -> dict[tuple, float]:
+    """(workload, mode) -> seconds per worker of its latest session that ran to the end (`workload_s`, its
+    last record's, over the session's workers), whatever their status; with `stopped`, the most of those
+    that were stopped, counted as if all their workers had been set up: the least a worker takes here."""
     held: dict[str, set[str]] = {}
     for r in records:
         held.setdefault(r.session, set()).add(r.variant)
     cut = {r.session for r in records if r.status == "interrupted"}
     took: dict[tuple, float] = {}
     for r in records:  # oldest first: a later session replaces an earlier one, its last record the whole time
-        for s, want in sets.items():
-            if (r.session in cut) == stopped and held[r.session] - {FLOOR} == want - {FLOOR} and r.workload_s:
-                k = (r.workload, r.mode, s)
-                took[k] = max(took.get(k, 0.0), r.workload_s) if stopped else r.workload_s
+        if (r.session in cut) == stopped and r.workload_s:
+            k, t = (r.workload, r.mode), r.workload_s / len(held[r.session])
+            took[k] = max(took.get(k, 0.0), t) if stopped else t
     return took
 
 
-def done(final: set[Selection], newest: dict[Selection, Record], key: tuple[str, str],
-         sets: dict[str, frozenset[str]]) -> set[str]:
-    """The variant sets of `key` (workload, mode) whose records are `final` (those a rerun leaves alone:
-    RecordStore.final_keys), all from one session (`newest`: the latest record per key)."""
-    sessions = {k.variant: newest[k].session for k in final if (k.workload, k.mode) == key}
-    return {s for s, want in sets.items() if want <= sessions.keys() and len({sessions[v] for v in want}) == 1}
+def measured(records: list[Record], final: set[Selection], newest: dict[Selection, Record], key: tuple[str, str],
+             cuda: bool) -> set[str]:
+    """The variants of `key` (workload, mode) whose records are `final` (RecordStore.final_keys: those a
+    rerun leaves alone, `newest` the latest per key), each in a session where the anchors, the A/A control
+    and on CUDA the floor are final too."""
+    fixed = {*ANCHORS, BASE + AA_SUFFIX} | ({FLOOR} if cuda else set())
+    done: dict[str, set[str]] = {}
+    for r in records:
+        if (r.workload, r.mode) == key and r.status in FINAL_STATUSES | {"skipped"}:
+            done.setdefault(r.session, set()).add(r.variant)
+    return {k.variant for k in final if (k.workload, k.mode) == key
+            and fixed <= done.get(newest[k].session, set())}
+
+
+def next_session(left: list[str], seconds_per_worker: float | None, seconds: float,
+                 cuda: bool) -> tuple[str, list[str]] | None:
+    """The next session of a workload whose variants `left` are not yet measured: its run.py arguments
+    beyond the workload and the variants it selects, or None where not even the smallest fits."""
+    def fits(selected: list[str]) -> bool:
+        return seconds_per_worker is None or workers(selected, cuda) * seconds_per_worker <= seconds
+
+    full, fig9, fig10 = own("full"), own("fig9"), own("fig10")
+    if set(left) == set(full) and fits(full):
+        return "full", full
+    ablation = [v for v in fig10 if v in left and v not in ANCHORS]
+    if set(fig9) - set(ANCHORS) & set(left) or not ablation:  # fig9 first; it holds the anchors too
+        return ("fig9", fig9) if fits(fig9) else None
+    if len(ablation) == len(fig10) - len(ANCHORS) and fits(fig10):
+        return "fig10", fig10
+    part = list(ANCHORS)
+    for v in ablation:
+        if not fits([*part, v]):
+            break
+        part.append(v)
+    return (f"fig10 variant=[{','.join(part)}]", part) if len(part) > len(ANCHORS) else None
 
 
 def pack(left: list[tuple[str, str, float | None]], seconds: float) -> list[tuple[str, str]]:
-    """One call from `left` ((name, set, expected seconds or None), all of one set taken in a call): the
-    longest that fit, then one more of that set whose end does not matter, as the sweep measures a workload
-    its time ran out on again whole: one never measured, else the shortest left. With none that fits, the
-    first of unknown length alone, by Fig 9's set where nothing of it is known."""
+    """One call from `left` ((name, session arguments, expected seconds or None), all with the same
+    arguments in a call): the longest that fit, then one more with those arguments whose end does not
+    matter, as the sweep measures a workload its time ran out on again whole: one never measured, else the
+    shortest left. With none that fits, the first of unknown length alone."""
     call, total = [], 0.0
     for name, s, t in sorted((x for x in left if x[2] is not None), key=lambda x: -x[2]):
         if total + t <= seconds and (not call or call[0][1] == s):
@@ -82,8 +119,8 @@ def pack(left: list[tuple[str, str, float | None]], seconds: float) -> list[tupl
             total += t
     if not call:
         unknown = [x for x in left if x[2] is None]
-        name, s, t = unknown[0] if unknown else min(left, key=lambda x: x[2])
-        return [(name, "fig9" if s == "full" and t is None else s)]
+        name, s, _ = unknown[0] if unknown else min(left, key=lambda x: x[2])
+        return [(name, s)]
     rest = [x for x in left if x[1] == call[0][1] and (x[0], x[1]) not in call]
     if rest:
         name, s, _ = min(rest, key=lambda x: x[2] if x[2] is not None else -1.0)
@@ -98,44 +135,40 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     env = environment.current()
     cuda = env.device == "cuda"
-    sets = {s: variants(s, cuda) for s in SETS}
     here = environment.device_tag(env)
     store = RecordStore(args.results / here / "records.jsonl")
     mine = store.load()
     final, newest = store.final_keys(code=env.code), latest(mine)
-    others = [RecordStore(f).load() for f in sorted(args.results.glob("*/records.jsonl")) if f.parent.name != here]
-    took_here, stopped = sessions(mine, sets), sessions(mine, sets, stopped=True)
-    took_there = {}
-    for recs in others:
-        took_there.update(sessions(recs, sets))
+    took_here, stopped = per_worker(mine), per_worker(mine, stopped=True)
+    took_there: dict[tuple, float] = {}
+    for f in sorted(args.results.glob("*/records.jsonl")):
+        if f.parent.name != here:
+            took_there.update(per_worker(RecordStore(f).load()))
     # the most this machine was slower on any workload, a stopped session counting by what it ran: a call
     # planned too short loses its whole time, one planned too long only some of it
-    both = [here_s / took_there[k] for t in (took_here, stopped) for k, here_s in t.items() if k in took_there]
+    both = [t / took_there[k] for d in (took_here, stopped) for k, t in d.items() if k in took_there]
     slower = max(both, default=1.0)
 
-    def expected(key: tuple[str, str], s: str) -> float | None:
-        k = (*key, s)
-        guess = took_here.get(k) or (took_there[k] * slower if k in took_there else None)
-        return max(guess or 0.0, stopped.get(k, 0.0)) or None
-
-    names = OmegaConf.load(REPO / "conf" / "experiment" / "full.yaml").hydra.sweeper.params.workload.split(",")
     left = []
-    for name in names:
+    for name in OmegaConf.load(REPO / "conf" / "experiment" / "full.yaml").hydra.sweeper.params.workload.split(","):
         key = workload(name)
-        have = done(final, newest, key, sets)
-        if "full" in have or {"fig9", "fig10"} <= have:
+        todo = [v for v in own("full") if v not in measured(mine, final, newest, key, cuda)]
+        if not todo:
             continue
-        whole = expected(key, "full")
-        if not have and (whole is None or whole <= args.seconds):
-            left.append((name, "full", whole))
-        else:
-            s = "fig9" if "fig9" not in have else "fig10"
-            left.append((name, s, expected(key, s)))
+        guess = took_here.get(key) or (took_there[key] * slower if key in took_there else None)
+        w = max(guess or 0.0, stopped.get(key, 0.0)) or None
+        session = next_session(todo, w, args.seconds, cuda)
+        if session is None:
+            print(f"{name}: no session of it fits {args.seconds:.0f} s ({w:.0f} s a worker)", file=sys.stderr)
+            continue
+        arguments, selected = session
+        left.append((name, arguments, w * workers(selected, cuda) if w else None))
     if not left:
-        print(f"every suite workload is measured whole in {args.results / here} with this code", file=sys.stderr)
+        print(f"nothing of the suite left to measure in {args.results / here} with this code", file=sys.stderr)
         return 1
     call = pack(left, args.seconds)
-    print(f"{call[0][1]} workload={','.join(n for n, _ in call)}")
+    experiment, *rest = call[0][1].split()
+    print(" ".join([experiment, f"workload={','.join(n for n, _ in call)}", *rest]))
     return 0
 
 

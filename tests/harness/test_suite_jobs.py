@@ -12,11 +12,24 @@ def test_a_call_takes_the_longest_that_fit_then_one_more_whose_end_does_not_matt
     assert suite_jobs.pack(left, 450) == [("B", "full"), ("A", "full"), ("D", "full")]
     # with none never measured, the shortest left is the one more
     assert suite_jobs.pack(left[:3], 450) == [("B", "full"), ("A", "full"), ("C", "full")]
-
-
-def test_with_none_that_fits_one_goes_alone_by_fig9_where_nothing_of_it_is_known():
-    assert suite_jobs.pack([("A", "full", 900.0), ("D", "full", None)], 450) == [("D", "fig9")]
+    # with none that fits, the first of unknown length alone, else the shortest
+    assert suite_jobs.pack([("A", "full", 900.0), ("D", "fig9", None)], 450) == [("D", "fig9")]
     assert suite_jobs.pack([("A", "fig10", 900.0)], 450) == [("A", "fig10")]
+
+
+def test_a_workload_goes_whole_then_by_fig9_then_by_the_ablation_whole_then_in_parts():
+    full, fig9 = suite_jobs.own("full"), suite_jobs.own("fig9")
+    ablation = [v for v in suite_jobs.own("fig10") if v not in suite_jobs.ANCHORS]
+    # on CUDA a session has the A/A control and the floor too: full 10 workers, fig9 5, fig10 9
+    assert suite_jobs.next_session(full, 50.0, 500, cuda=True) == ("full", full)
+    assert suite_jobs.next_session(full, 51.0, 500, cuda=True) == ("fig9", fig9)
+    assert suite_jobs.next_session(full, None, 500, cuda=True) == ("full", full)  # nothing known: whole
+    assert suite_jobs.next_session(ablation, 55.0, 500, cuda=True)[0] == "fig10"
+    # 90 s a worker: the anchors, the A/A control, the floor and one ablation variant (450 s), a part
+    part = suite_jobs.next_session(ablation, 90.0, 500, cuda=True)
+    assert part == (f"fig10 variant=[inductor,grace,{ablation[0]}]", ["inductor", "grace", ablation[0]])
+    assert suite_jobs.next_session(ablation[3:], 70.0, 500, cuda=True)[1] == ["inductor", "grace", *ablation[3:]]
+    assert suite_jobs.next_session(full, 101.0, 500, cuda=True) is None  # not even fig9's five workers fit
 
 
 def _session(store, env, name, mode, variants, session, seconds, status="ok"):
@@ -25,21 +38,26 @@ def _session(store, env, name, mode, variants, session, seconds, status="ok"):
                             size="full", variant=v, status=status, workload_s=seconds, env=dataclasses.asdict(env)))
 
 
+def _sets(cuda=True):
+    extra = ["inductor_aa", "floor"] if cuda else ["inductor_aa"]
+    return {s: [*suite_jobs.own(s), *extra] for s in ("full", "fig9", "fig10")}
+
+
 def test_only_workloads_not_measured_whole_with_this_code_are_given_out(tmp_path, monkeypatch, capsys):
     env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
     monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
-    sets = {s: suite_jobs.variants(s, cuda=True) for s in suite_jobs.SETS}
+    sets = _sets()
     here = RecordStore(tmp_path / "gpu-a" / "records.jsonl")
     there = RecordStore(tmp_path / "gpu-b" / "records.jsonl")
     eos, alnet, dlrm = (suite_jobs.workload(n) for n in ("EOS", "ALNET", "DLRM"))
     _session(here, env, *eos, sets["full"], "s1", 60.0)  # measured whole: not given out
-    _session(here, env, *alnet, sets["fig9"], "s2", 40.0)  # half of it: fig10 is left
+    _session(here, env, *alnet, sets["fig9"], "s2", 40.0)  # half of it: the ablation is left, 8 s a worker
     _session(here, dataclasses.replace(env, code="0" * 12), *dlrm, sets["full"], "s3", 80.0)  # another code
     _session(there, env, *dlrm, sets["full"], "s4", 40.0)  # 2x slower here than there, by DLRM alone
     _session(there, env, *alnet, sets["fig10"], "s5", 30.0)
 
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 0
-    # DLRM's own session here: 80 s; ALNET's fig10 there: 30 s, so 60 s here, of another set; then the first
+    # DLRM's own session here: 80 s; ALNET's fig10, 9 workers at 8 s, is of other arguments; then the first
     # workload never measured
     assert capsys.readouterr().out.split()[:2] == ["full", "workload=DLRM,XLNET-I"]
     _session(here, env, *dlrm, sets["full"], "s6", 80.0)
@@ -47,16 +65,30 @@ def test_only_workloads_not_measured_whole_with_this_code_are_given_out(tmp_path
     call = capsys.readouterr().out.split()
     assert call[0] == "fig10" and call[1].startswith("workload=ALNET")
     assert "EOS" not in " ".join(call) and "DLRM" not in " ".join(call)
-    # ALNET's fig10 is expected to take 60 s here: in 50 s it does not fit, and a workload never measured
-    # goes alone by Fig 9's set
-    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "50"]) == 0
-    assert capsys.readouterr().out.split() == ["fig9", "workload=XLNET-I"]
+    # in 45 s ALNET's ablation goes in parts: the anchors, A/A, floor and one variant, 40 s
+    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "45"]) == 0
+    assert capsys.readouterr().out.split()[:3] == ["fig10", "workload=ALNET", "variant=[inductor,grace,runtime]"]
+    # that part measured, the next part takes the next variant
+    _session(here, env, *alnet, ["inductor", "grace", "runtime", "inductor_aa", "floor"], "s7", 40.0)
+    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "45"]) == 0
+    assert capsys.readouterr().out.split()[:3] == ["fig10", "workload=ALNET", "variant=[inductor,grace,cgct]"]
 
 
-def test_a_set_stopped_here_is_expected_to_take_at_least_as_long_as_it_ran(tmp_path, monkeypatch, capsys):
+def test_a_part_counts_only_in_a_session_with_the_anchors(tmp_path, monkeypatch):
     env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
     monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
-    sets = {s: suite_jobs.variants(s, cuda=True) for s in suite_jobs.SETS}
+    here = RecordStore(tmp_path / "gpu-a" / "records.jsonl")
+    eos = suite_jobs.workload("EOS")
+    _session(here, env, *eos, _sets()["fig9"], "s1", 25.0)
+    _session(here, env, *eos, ["inductor", "runtime", "inductor_aa", "floor"], "s2", 20.0)  # without grace
+    measured = suite_jobs.measured(here.load(), here.final_keys(code=env.code), here.latest(), eos, cuda=True)
+    assert measured == {"pt2_cg", "grace"}  # runtime and the baseline's newest are of the session without grace
+
+
+def test_a_workload_stopped_here_is_expected_to_take_at_least_as_long_as_it_ran(tmp_path, monkeypatch, capsys):
+    env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
+    monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
+    sets = _sets()
     here = RecordStore(tmp_path / "gpu-a" / "records.jsonl")
     there = RecordStore(tmp_path / "gpu-b" / "records.jsonl")
     dgpt2 = suite_jobs.workload("DGPT2")
@@ -66,13 +98,13 @@ def test_a_set_stopped_here_is_expected_to_take_at_least_as_long_as_it_ran(tmp_p
     _session(here, env, *dgpt2, sets["full"], "s2", 110.0, status="interrupted")  # but ran 110 s here, cut
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 0
     call = capsys.readouterr().out.split()
-    assert call[0] == "fig9" and "DGPT2" not in call[1]  # by fig9, whose time nothing here tells
+    assert call[:2] == ["fig9", "workload=DGPT2"]  # 11 s a worker: fig9's five fit, not the whole ten
     # and the other machine's times scale by the most this one was slower: 110 / 80 (DGPT2), not 1 (DLRM)
     dlrm, eos = suite_jobs.workload("DLRM"), suite_jobs.workload("EOS")
     _session(here, env, *dlrm, sets["full"], "s3", 40.0)
     _session(there, env, *dlrm, sets["full"], "s4", 40.0)
-    _session(there, env, *eos, sets["full"], "s5", 70.0)
+    _session(there, env, *eos, sets["full"], "s5", 70.0)  # 96 s here: whole in 100 s, by fig9 in 90 s
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 0
-    assert capsys.readouterr().out.split()[:2] == ["full", "workload=EOS,XLNET-I"]  # 96 s
+    assert capsys.readouterr().out.split()[:2] == ["full", "workload=EOS,XLNET-I"]
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "90"]) == 0
-    assert "EOS" not in capsys.readouterr().out
+    assert capsys.readouterr().out.split()[:2] == ["fig9", "workload=DGPT2,EOS"]
