@@ -15,7 +15,8 @@ workload both measured; never less than a session stopped here ran. The call tak
 (first fit, decreasing), then one more whose end does not matter (the sweep measures a workload its time
 ran out on again, whole): one never measured, else the shortest left. Where none fits, one never measured
 goes alone, by `fig9`. A workload whose `fig9` set or one ablation variant with the anchors would not fit
-is named on stderr and left out. A rerun after each call packs again from what is left.
+by its time on this machine is named on stderr and left out; by another machine's time only, it is
+tried as one never measured. A rerun after each call packs again from what is left.
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ def main(argv=None) -> int:
             took_there.update(per_worker(RecordStore(f).load()))
     # the most this machine was slower on any workload, a stopped session counting by what it ran: a call
     # planned too short loses its whole time, one planned too long only some of it
-    both = [t / took_there[k] for d in (took_here, stopped) for k, t in d.items() if k in took_there]
-    slower = max(both, default=1.0)
+    slower = max([t / took_there[k] for k, t in took_here.items() if k in took_there] or [1.0])
+    slower = max([slower] + [t / took_there[k] for k, t in stopped.items() if k in took_there])
 
     left = []
     for name in OmegaConf.load(REPO / "conf" / "experiment" / "full.yaml").hydra.sweeper.params.workload.split(","):
@@ -158,6 +159,9 @@ def main(argv=None) -> int:
         guess = took_here.get(key) or (took_there[key] * slower if key in took_there else None)
         w = max(guess or 0.0, stopped.get(key, 0.0)) or None
         session = next_session(todo, w, args.seconds, cuda)
+        if session is None and key not in took_here and key not in stopped:
+            # too long only by another machine's time: tried alone, by Fig 9's set, when nothing else fits
+            session, w = ("fig9", own("fig9")), None
         if session is None:
             print(f"{name}: no session of it fits {args.seconds:.0f} s ({w:.0f} s a worker)", file=sys.stderr)
             continue

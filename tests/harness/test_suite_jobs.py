@@ -108,3 +108,22 @@ def test_a_workload_stopped_here_is_expected_to_take_at_least_as_long_as_it_ran(
     assert capsys.readouterr().out.split()[:2] == ["full", "workload=EOS,XLNET-I"]
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "90"]) == 0
     assert capsys.readouterr().out.split()[:2] == ["fig9", "workload=DGPT2,EOS"]
+
+
+def test_one_too_long_only_by_another_machines_time_is_tried_by_fig9_when_nothing_else_fits(
+        tmp_path, monkeypatch, capsys):
+    env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
+    monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
+    here = RecordStore(tmp_path / "gpu-a" / "records.jsonl")
+    there = RecordStore(tmp_path / "gpu-b" / "records.jsonl")
+    vm = suite_jobs.workload("VM")
+    _session(there, env, *vm, _sets()["full"], "s1", 1000.0)  # 100 s a worker: fig9's five need 500 s
+    names = suite_jobs.OmegaConf.load(suite_jobs.REPO / "conf/experiment/full.yaml").hydra.sweeper.params.workload
+    for name in names.split(","):  # every other workload measured whole here
+        if name != "VM":
+            _session(here, env, *suite_jobs.workload(name), _sets()["full"], f"h-{name}", 10.0)
+    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 0
+    assert capsys.readouterr().out.split() == ["fig9", "workload=VM"]
+    _session(here, env, *vm, _sets()["fig9"], "s2", 100.0, status="interrupted")  # here too: left out
+    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 1
+    assert "VM: no session of it fits" in capsys.readouterr().err
