@@ -1,5 +1,7 @@
 import dataclasses
 
+import pytest
+
 from experiments import environment
 from experiments.records import Record, RecordStore
 from scripts import suite_jobs
@@ -38,17 +40,22 @@ def _session(store, env, name, mode, variants, session, seconds, status="ok"):
                             size="full", variant=v, status=status, workload_s=seconds, env=dataclasses.asdict(env)))
 
 
+@pytest.fixture
+def gpu(tmp_path, monkeypatch):
+    """This machine as a CUDA one, "GPU A", and the records of it and of another, "GPU B"."""
+    env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
+    monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
+    return env, RecordStore(tmp_path / "gpu-a" / "records.jsonl"), RecordStore(tmp_path / "gpu-b" / "records.jsonl")
+
+
 def _sets(cuda=True):
     extra = ["inductor_aa", "floor"] if cuda else ["inductor_aa"]
     return {s: [*suite_jobs.own(s), *extra] for s in ("full", "fig9", "fig10")}
 
 
-def test_only_workloads_not_measured_whole_with_this_code_are_given_out(tmp_path, monkeypatch, capsys):
-    env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
-    monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
+def test_only_workloads_not_measured_whole_with_this_code_are_given_out(tmp_path, gpu, capsys):
+    env, here, there = gpu
     sets = _sets()
-    here = RecordStore(tmp_path / "gpu-a" / "records.jsonl")
-    there = RecordStore(tmp_path / "gpu-b" / "records.jsonl")
     eos, alnet, dlrm = (suite_jobs.workload(n) for n in ("EOS", "ALNET", "DLRM"))
     _session(here, env, *eos, sets["full"], "s1", 60.0)  # measured whole: not given out
     _session(here, env, *alnet, sets["fig9"], "s2", 40.0)  # half of it: the ablation is left, 8 s a worker
@@ -74,10 +81,8 @@ def test_only_workloads_not_measured_whole_with_this_code_are_given_out(tmp_path
     assert capsys.readouterr().out.split()[:3] == ["fig10", "workload=ALNET", "variant=[inductor,grace,cgct]"]
 
 
-def test_a_part_counts_only_in_a_session_with_the_anchors(tmp_path, monkeypatch):
-    env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
-    monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
-    here = RecordStore(tmp_path / "gpu-a" / "records.jsonl")
+def test_a_part_counts_only_in_a_session_with_the_anchors(gpu):
+    env, here, _ = gpu
     eos = suite_jobs.workload("EOS")
     _session(here, env, *eos, _sets()["fig9"], "s1", 25.0)
     _session(here, env, *eos, ["inductor", "runtime", "inductor_aa", "floor"], "s2", 20.0)  # without grace
@@ -85,12 +90,9 @@ def test_a_part_counts_only_in_a_session_with_the_anchors(tmp_path, monkeypatch)
     assert measured == {"pt2_cg", "grace"}  # runtime and the baseline's newest are of the session without grace
 
 
-def test_a_workload_stopped_here_is_expected_to_take_at_least_as_long_as_it_ran(tmp_path, monkeypatch, capsys):
-    env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
-    monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
+def test_a_workload_stopped_here_is_expected_to_take_at_least_as_long_as_it_ran(tmp_path, gpu, capsys):
+    env, here, there = gpu
     sets = _sets()
-    here = RecordStore(tmp_path / "gpu-a" / "records.jsonl")
-    there = RecordStore(tmp_path / "gpu-b" / "records.jsonl")
     dgpt2 = suite_jobs.workload("DGPT2")
     _session(there, env, *dgpt2, sets["full"], "s1", 80.0)  # fits 100 s by the other machine's time
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 0
@@ -111,11 +113,8 @@ def test_a_workload_stopped_here_is_expected_to_take_at_least_as_long_as_it_ran(
 
 
 def test_one_too_long_only_by_another_machines_time_is_tried_by_fig9_when_nothing_else_fits(
-        tmp_path, monkeypatch, capsys):
-    env = dataclasses.replace(environment.current(), device="cuda", gpu="GPU A")
-    monkeypatch.setattr(suite_jobs.environment, "current", lambda: env)
-    here = RecordStore(tmp_path / "gpu-a" / "records.jsonl")
-    there = RecordStore(tmp_path / "gpu-b" / "records.jsonl")
+        tmp_path, gpu, capsys):
+    env, here, there = gpu
     vm = suite_jobs.workload("VM")
     _session(there, env, *vm, _sets()["full"], "s1", 1000.0)  # 100 s a worker: fig9's five need 500 s
     names = suite_jobs.OmegaConf.load(suite_jobs.REPO / "conf/experiment/full.yaml").hydra.sweeper.params.workload
