@@ -6,6 +6,7 @@
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh full 'workload=ALNET,DLRM,EOS'
 #   TESTS=0 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 'workload=ALNET,DLRM' hydra/launcher=gpus gpus=2
+#   TESTS=0 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh suite [overrides for every session]
 #
 # The experiment is stopped (SIGINT) LIMIT seconds (default 570) after the script started, so that the
 # records of every finished workload come back from a call limited to 600 s; the workload it stopped is
@@ -42,7 +43,24 @@ fi
 # The records are copied out every 15 s as well: a call that runs past its limit still brings back those made.
 ( while sleep 15; do save_records; done ) &
 saver=$!
-step python3 run.py -m experiment="$experiment" "$@" 2>&1 | grep --line-buffered -v '^USDT' > "$out/$experiment.log"
+experiment_log() { step python3 run.py -m "$@" 2>&1 | grep --line-buffered -v '^USDT' >> "$out/$experiment.log"; }
+if [ "$experiment" = suite ]; then
+  # Session after session, each planned from the records so far by scripts/suite_jobs.py: while one fits
+  # what is left of LIMIT, then one whose end does not matter (a workload never measured here)
+  fit=--fit
+  while [ "$(left)" -gt 60 ]; do
+    if ! plan=$(python3 scripts/suite_jobs.py --seconds $(( $(left) - 30 )) $fit); then
+      [ -n "$fit" ] && fit= && continue
+      break
+    fi
+    echo "suite: $plan" | tee -a "$out/$experiment.log"
+    # shellcheck disable=SC2086  # the plan is words: experiment, workloads, variants
+    experiment_log experiment=$plan "$@"
+    [ -z "$fit" ] && break
+  done
+else
+  experiment_log experiment="$experiment" "$@"
+fi
 kill $saver
 tail -5 "$out/$experiment.log"
 save_records

@@ -2,8 +2,9 @@
 call by how long their sessions took before: the arguments of scripts/device_run.sh for that call.
 
     A=$(python scripts/suite_jobs.py --seconds 540) && bash scripts/device_run.sh $A
+    bash scripts/device_run.sh suite       (the same, asked again after each session with the time left)
 
-prints, say, `full workload=EOS,ALNET,DR-T`. A workload is measured whole when each of its eight variants
+The first prints, say, `full workload=EOS,ALNET,DR-T`. A workload is measured whole when each of its eight variants
 is recorded with this code in a session that also holds the baseline, grace, the A/A control and the
 floor: by `full` (one session), or where that would not fit a call, by `fig9` (inductor, pt2_cg, grace)
 and then the ablation, `fig10`, whole or, where that would not fit either, in parts (`fig10
@@ -14,9 +15,9 @@ session of the workload on this machine, else on another, scaled by the most thi
 workload both measured; never less than a session stopped here ran. The call takes the longest that fit
 (first fit, decreasing), then one more whose end does not matter (the sweep measures a workload its time
 ran out on again, whole): one never measured, else the shortest left. Where none fits, one never measured
-goes alone, by `fig9`. A workload whose `fig9` set or one ablation variant with the anchors would not fit
-by its time on this machine is named on stderr and left out; by another machine's time only, it is
-tried as one never measured. A rerun after each call packs again from what is left.
+goes alone, by `fig9`; with `--fit`, only those that fit. A workload whose `fig9` set or one ablation
+variant with the anchors would not fit by its time on this machine is named on stderr and left out; by
+another machine's time only, it is tried as one never measured. A rerun after each call packs again from what is left.
 """
 
 from __future__ import annotations
@@ -108,16 +109,18 @@ def next_session(left: list[str], seconds_per_worker: float | None, seconds: flo
     return (f"fig10 variant=[{','.join(part)}]", part) if len(part) > len(ANCHORS) else None
 
 
-def pack(left: list[tuple[str, str, float | None]], seconds: float) -> list[tuple[str, str]]:
+def pack(left: list[tuple[str, str, float | None]], seconds: float, fit: bool = False) -> list[tuple[str, str]]:
     """One call from `left` ((name, session arguments, expected seconds or None), all with the same
     arguments in a call): the longest that fit, then one more with those arguments whose end does not
     matter, as the sweep measures a workload its time ran out on again whole: one never measured, else the
-    shortest left. With none that fits, the first of unknown length alone."""
+    shortest left. With none that fits, the first of unknown length alone. With `fit`, only those that fit."""
     call, total = [], 0.0
     for name, s, t in sorted((x for x in left if x[2] is not None), key=lambda x: -x[2]):
         if total + t <= seconds and (not call or call[0][1] == s):
             call.append((name, s))
             total += t
+    if fit:
+        return call
     if not call:
         unknown = [x for x in left if x[2] is None]
         name, s, _ = unknown[0] if unknown else min(left, key=lambda x: x[2])
@@ -133,6 +136,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=540, help="the time one call has for its sessions")
     p.add_argument("--results", type=Path, default=Path("results/full"))
+    p.add_argument("--fit", action="store_true", help="only sessions expected to fit (scripts/device_run.sh suite)")
     args = p.parse_args(argv)
     env = environment.current()
     cuda = env.device == "cuda"
@@ -170,7 +174,10 @@ def main(argv=None) -> int:
     if not left:
         print(f"nothing of the suite left to measure in {args.results / here} with this code", file=sys.stderr)
         return 1
-    call = pack(left, args.seconds)
+    call = pack(left, args.seconds, args.fit)
+    if not call:
+        print(f"no session left fits {args.seconds:.0f} s", file=sys.stderr)
+        return 1
     experiment, *rest = call[0][1].split()
     print(" ".join([experiment, f"workload={','.join(n for n, _ in call)}", *rest]))
     return 0

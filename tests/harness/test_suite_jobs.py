@@ -17,6 +17,9 @@ def test_a_call_takes_the_longest_that_fit_then_one_more_whose_end_does_not_matt
     # with none that fits, the first of unknown length alone, else the shortest
     assert suite_jobs.pack([("A", "full", 900.0), ("D", "fig9", None)], 450) == [("D", "fig9")]
     assert suite_jobs.pack([("A", "fig10", 900.0)], 450) == [("A", "fig10")]
+    # with `fit` (device_run.sh suite asks again with the time left), only those that fit
+    assert suite_jobs.pack(left, 450, fit=True) == [("B", "full"), ("A", "full")]
+    assert suite_jobs.pack([("A", "full", 900.0), ("D", "fig9", None)], 450, fit=True) == []
 
 
 def test_a_workload_goes_whole_then_by_fig9_then_by_the_ablation_whole_then_in_parts():
