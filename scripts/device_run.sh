@@ -49,7 +49,7 @@ if [ "$experiment" = suite ]; then
   # what is left of LIMIT, then one whose end does not matter (a workload never measured here)
   fit=--fit
   while [ "$(left)" -gt 60 ]; do
-    if ! plan=$(python3 scripts/suite_jobs.py --seconds $(( $(left) - 30 )) $fit); then
+    if ! plan=$(python3 scripts/suite_jobs.py --call $(( ${LIMIT:-570} - 30 )) --seconds $(( $(left) - 30 )) $fit); then
       [ -n "$fit" ] && fit= && continue
       break
     fi

@@ -137,6 +137,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=540, help="the time one call has for its sessions")
     p.add_argument("--results", type=Path, default=Path("results/full"))
     p.add_argument("--fit", action="store_true", help="only sessions expected to fit (scripts/device_run.sh suite)")
+    p.add_argument("--call", type=float, help="the time a whole call has, which decides how a workload is split "
+                   "(default: --seconds); --seconds is then what is left of this one")
     args = p.parse_args(argv)
     env = environment.current()
     cuda = env.device == "cuda"
@@ -162,12 +164,13 @@ def main(argv=None) -> int:
             continue
         guess = took_here.get(key) or (took_there[key] * slower if key in took_there else None)
         w = max(guess or 0.0, stopped.get(key, 0.0)) or None
-        session = next_session(todo, w, args.seconds, cuda)
+        session = next_session(todo, w, args.call or args.seconds, cuda)
         if session is None and key not in took_here and key not in stopped:
             # too long only by another machine's time: tried alone, by Fig 9's set, when nothing else fits
             session, w = ("fig9", own("fig9")), None
         if session is None:
-            print(f"{name}: no session of it fits {args.seconds:.0f} s ({w:.0f} s a worker)", file=sys.stderr)
+            print(f"{name}: no session of it fits {args.call or args.seconds:.0f} s ({w:.0f} s a worker)",
+                  file=sys.stderr)
             continue
         arguments, selected = session
         left.append((name, arguments, w * workers(selected, cuda) if w else None))

@@ -129,3 +129,13 @@ def test_one_too_long_only_by_another_machines_time_is_tried_by_fig9_when_nothin
     _session(here, env, *vm, _sets()["fig9"], "s2", 100.0, status="interrupted")  # here too: left out
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100"]) == 1
     assert "VM: no session of it fits" in capsys.readouterr().err
+
+
+def test_what_is_left_of_a_call_does_not_split_a_workload_that_a_whole_call_holds(tmp_path, gpu, capsys):
+    env, here, _ = gpu
+    alnet = suite_jobs.workload("ALNET")
+    _session(here, env, *alnet, ["inductor", "inductor_aa", "floor"], "s1", 30.0)  # 10 s a worker
+    # 60 s left of a 540 s call: the whole session (100 s) waits for a call of its own, not split to fit
+    assert suite_jobs.main(["--results", str(tmp_path), "--call", "540", "--seconds", "60", "--fit"]) == 1
+    assert suite_jobs.main(["--results", str(tmp_path), "--call", "540", "--seconds", "100", "--fit"]) == 0
+    assert capsys.readouterr().out.split()[:2] == ["full", "workload=ALNET"]
