@@ -14,6 +14,7 @@ record for a workload is drawn as "missing", never as zero.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -34,6 +35,7 @@ LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "
           "pi": "PI", "scg": "SCG", "cgct_pi": "CGCT+PI", "grace": "GraCE",
           "inductor_aa": "A/A control (PyTorch2 again)", "floor": "Floor (the step as one CUDA graph)"}
 GEOMEAN = "geomean"
+NUMBER = re.compile(r"\d+(?:\.\d+)?")  # in a reason: what may differ between workloads
 ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date", "cpu"]
 
 
@@ -263,11 +265,15 @@ def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | Non
     """Grouped bars, one group per row of `table` and one bar per column, each with its value printed and,
     where `errors` (low, high tables) has them, its interval as an error bar; a missing value is written
     where its bar would be as `absent` says why (its status: skipped, failed, ...), else "missing";
-    `footnote`: the reasons, in a box at the top left; `reference`: a horizontal line (1.0: no speedup)."""
+    `footnote`: the reasons, under the axes; `reference`: a horizontal line (1.0: no speedup)."""
     sns.set_theme(style="whitegrid", context="paper")
     labels, variants = list(table.index), list(table.columns)
     width = 0.8 / max(len(variants), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) * max(1, len(variants)) / 2 + 2), 4))
+    rows = footnote.count("\n") + 1 if footnote else 0
+    fig, axes = plt.subplots(1 + bool(rows), 1, squeeze=False, layout="constrained",
+                             figsize=(max(6.0, 0.9 * len(labels) * max(1, len(variants)) / 2 + 2), 4 + 0.12 * rows),
+                             height_ratios=[4, 0.12 * rows] if rows else None)
+    ax = axes[0, 0]
     colors = sns.color_palette("colorblind", len(variants))
     x = np.arange(len(labels))
     for i, (v, color) in enumerate(zip(variants, colors)):
@@ -283,7 +289,7 @@ def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | Non
             top = np.where(has, hi, values)
         for p, val, y in zip(pos, values, top):
             if not np.isnan(val):
-                ax.text(p, y, f" {val:.2f}", rotation=90, ha="center", va="bottom", fontsize=5)
+                ax.text(p, y, f" {val:.2f}", rotation=90, ha="center", va="bottom", fontsize=6)
         for p, val, label in zip(pos, values, labels):
             if np.isnan(val):
                 why = absent.at[label, v] if absent is not None and label in absent.index and v in absent else None
@@ -295,14 +301,15 @@ def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | Non
     if reference is not None:
         ax.axhline(reference, color="0.3", linewidth=0.8)
     low, high = ax.get_ylim()
-    ax.set_ylim(low, high + 0.25 * (high - low))  # room above the tallest bar for its value and the footnote
+    ax.set_ylim(low, high + 0.12 * (high - low))  # room above the tallest bar for its value
     ax.set_xticks(x, labels, rotation=35, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7)
-    if footnote:  # inside the axes: below them, rotated workload names would run into it
-        ax.text(0.01, 0.98, footnote, transform=ax.transAxes, fontsize=6, color="0.3", va="top",
-                bbox={"facecolor": "white", "edgecolor": "0.8", "linewidth": 0.5})
+    if footnote:  # in axes of its own, which the constrained layout keeps clear of the workload names
+        note = axes[1, 0]
+        note.axis("off")
+        note.text(0.0, 1.0, footnote, transform=note.transAxes, fontsize=6, color="0.3", va="top")
     return fig
 
 
@@ -394,13 +401,27 @@ def _apart(df: pd.DataFrame, variants: Sequence[str], overlay: str | None = None
 
 def _absent(df: pd.DataFrame, variants: list[str]) -> tuple[pd.DataFrame, str]:
     """Per workload and variant without an ok record, the newest record's status; and the reasons, one
-    line each with the variants they apply to."""
+    line each with the variants they apply to, those that differ only in their numbers ("stopped 133 s
+    into ...") sharing one with the range of each."""
     newest = df[df["variant"].isin(variants)].groupby(["label", "variant"]).tail(1)
     bad = newest[newest["status"] != "ok"]
     absent = bad.pivot_table(index="label", columns="variant", values="status", aggfunc="last")
-    reasons = bad.assign(why=bad["reason"].fillna("").str.split("\n").str[0]).groupby("why")["variant"].agg(
-        lambda v: ", ".join(sorted(set(v))))
-    return absent, "\n".join(f"{variants_}: {why}" for why, variants_ in reasons.items() if why)
+    why = bad["reason"].fillna("").str.split("\n").str[0]
+    lines = {}
+    for reason, variant in zip(why, bad["variant"]):
+        if reason:
+            numbers, held = lines.setdefault(NUMBER.sub("{}", reason.replace("{", "{{").replace("}", "}}")), ([], set()))
+            numbers.append(NUMBER.findall(reason))
+            held.add(variant)
+    return absent, "\n".join(f"{', '.join(sorted(held))}: " + template.format(*map(_span, zip(*numbers)))
+                              for template, (numbers, held) in sorted(lines.items()))
+
+
+def _span(values: Sequence[str]) -> str:
+    """One number of several reasons: as written where they agree, else the range its values take."""
+    if len(set(values)) == 1:
+        return values[0]
+    return f"{min(values, key=float)}-{max(values, key=float)}"
 
 
 def _table_figure(table: pd.DataFrame, out: Path, name: str, title: str, fmt) -> Path:

@@ -260,6 +260,15 @@ def test_a_speedup_figure_says_which_bars_were_skipped_and_why(tmp_path, monkeyp
     assert drawn[0].at["geomean (grace n=2)", "pt2_cg"] == "skipped"  # not "missing"
 
 
+def test_reasons_that_differ_only_in_their_numbers_share_one_footnote_line():
+    stopped = [dataclasses.replace(rec(w, v, None, status="interrupted"), reason=f"stopped (SIGINT) {s} s into this workload")
+               for w, s in (("a", 133), ("b", 551), ("c", 1.5e2)) for v in ("pt2_cg", "grace")]
+    failed = [dataclasses.replace(rec("d", "grace", None, status="failed"), reason="float64 check: 3 outputs off")]
+    _, footnote = figures._absent(figures.frame(stopped + failed), ["pt2_cg", "grace"])
+    assert footnote.splitlines() == ["grace: float64 check: 3 outputs off",
+                                     "grace, pt2_cg: stopped (SIGINT) 133-551 s into this workload"]
+
+
 def test_figs_9_and_10_hold_the_paper_workloads_and_the_others_have_their_own(tmp_path):
     paper = [dataclasses.replace(rec("alexnet", v, ms), batch=2) for v, ms in
              (("inductor", 4.0), ("pt2_cg", 2.0), ("grace", 1.0), ("cgct", 2.0), ("cgct_pi", 1.5))]
