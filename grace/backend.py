@@ -97,7 +97,7 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, candidates: list,
         adapter.beyond_one_partition(compiled)
     if why_not is None:
         candidates.append(lean.Candidate(made[0], adapter.graph_outputs(gm), adapter.realigned_inputs(compiled),
-                                         parts[0].mutated))
+                                         parts[0].mutated, adapter.partition_inputs(compiled)))
     elif not backward:
         report.call_path = f"as compiled: {why_not}"
     return compiled

@@ -5,8 +5,9 @@ Inductor's per-call wrappers, which then have nothing to do beyond what the part
 What it takes is checked twice. When compiled (grace.backend): an inference graph (no backward), one
 partition, each of its inputs a graph input, no input mutated outside it (torch_adapter.
 beyond_one_partition). When called: one call, watched, must show the partition taking Dynamo's own
-argument tensors and Dynamo getting back the partition's own output tensors, as many as the graph has
-outputs (AOTAutograd adds outputs for the mutations and aliases it replays). What the wrappers still
+argument tensors, and its sizes from Dynamo's int arguments in the same places (a dynamic-shape graph's),
+and Dynamo getting back the partition's own output tensors, as many as the graph has outputs
+(AOTAutograd adds outputs for the mutations and aliases it replays). What the wrappers still
 did per call is done here: grad mode off, the version counters of mutated inputs bumped. Calls where
 they would do more (autocast on, an input that must be realigned, another current device) take the
 wrappers' path.
@@ -35,6 +36,7 @@ class Candidate:
     outputs: int  # the compiled graph's outputs
     check: frozenset[int]  # partition inputs that Inductor realigns when misaligned
     mutated: frozenset[int]  # partition inputs mutated in place
+    graph_inputs: tuple[int | None, ...] = ()  # the compiled graph's input each partition input is (unknown: ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,19 +59,34 @@ def route(candidate: Candidate, args: tuple, calls: list, returned: Any) -> Rout
         return "AOTAutograd changes the graph's outputs (mutations, aliases or tokens it handles)"
     where = {id(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     inputs = []
-    for a in part_args:
-        if not isinstance(a, torch.Tensor) or id(a) not in where:
-            return "a partition input is not one of the graph's arguments (sizes, or a copy)"
-        inputs.append(where[id(a)])
+    for i, a in enumerate(part_args):
+        if isinstance(a, torch.Tensor) and id(a) in where:
+            inputs.append(where[id(a)])
+        elif type(a) is int and _passed_on(candidate, args, part_args, where, i):
+            inputs.append(candidate.graph_inputs[i])
+        else:
+            return "a partition input is not one of the graph's arguments (a copy, or a size made in the call)"
     made = {id(t): j for j, t in enumerate(result) if isinstance(t, torch.Tensor)}
     outputs = []
     for t in returned:
         if id(t) not in made:
             return "a graph output is not one of the partition's outputs (an input, a view or a constant)"
         outputs.append(made[id(t)])
-    cuda = next((a.device.index for a in part_args if a.device.type == "cuda"), None)
+    cuda = next((a.device.index for a in part_args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
     return Route(tuple(inputs), tuple(outputs), tuple(sorted({inputs[i] for i in candidate.check})),
                  tuple(sorted({inputs[i] for i in candidate.mutated})), cuda, isinstance(returned, tuple))
+
+
+def _passed_on(candidate: Candidate, args: tuple, part_args: list, where: dict[int, int], i: int) -> bool:
+    """Whether the int partition input `i` is the Dynamo argument in its graph input's place. Only where
+    the compiled graph's inputs lie as Dynamo's arguments do, which every tensor partition input shows
+    (the argument in its graph input's place is that very tensor), and that argument has the same value."""
+    places = candidate.graph_inputs
+    if len(places) != len(part_args) or places[i] is None or any(
+            where.get(id(a)) != g for a, g in zip(part_args, places) if isinstance(a, torch.Tensor)):
+        return False
+    k = places[i]
+    return k < len(args) and type(args[k]) is int and args[k] == part_args[i]
 
 
 class LeanCall:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import re
 import sys
 from collections.abc import Iterator
 
@@ -146,6 +147,26 @@ def realigned_inputs(compiled) -> frozenset[int]:
     when they come misaligned (its inputs_to_check, as partition inputs)."""
     checked = set(compiled.inputs_to_check)
     return frozenset(i for i, g in enumerate(compiled.partition_maps[0].input_index_mapping) if g in checked)
+
+
+def partition_inputs(compiled) -> tuple[int | None, ...]:
+    """The compiled graph's input that each input of its one partition is (beyond_one_partition: each
+    tensor input is one): its tensors, then its sizes, which Inductor's generated call passes on from
+    its own int inputs (`s77 = arg0_1`). None for a size the call binds otherwise, or where the call
+    does not read as expected."""
+    tensors = list(compiled.partition_maps[0].input_index_mapping)
+    code = getattr(compiled, "source_code", None) or ""
+    code = code[code.find("def call(self, args):"):]  # the call's body: up to the next unindented line
+    end = re.compile(r"^\S", re.M).search(code, code.find("\n") + 1)
+    code = code[:end.start() if end else len(code)]
+    unpack = re.search(r"^ *([\w, ]*) = args$", code, re.M)
+    passed = re.search(r"^ *partition0_args = \[([\w, ]*)\]$", code, re.M)
+    if not unpack or not passed:
+        return (*tensors,)
+    inputs = [n for n in map(str.strip, unpack.group(1).split(",")) if n]
+    bound = dict(re.findall(r"^ *(\w+) = (\w+)$", code, re.M))
+    sizes = [n for n in map(str.strip, passed.group(1).split(",")) if n][len(tensors):]
+    return (*tensors, *(inputs.index(bound[s]) if bound.get(s) in inputs else None for s in sizes))
 
 
 def graph_outputs(gm: torch.fx.GraphModule) -> int:

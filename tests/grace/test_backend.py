@@ -168,3 +168,43 @@ def test_explain_passes_keyword_arguments_as_a_huggingface_model_takes_them(cpu_
     with torch.no_grad():
         s = grace.explain(forward, ids, attention_mask=mask, options={"pi": False, "scg": False}).summary()
     assert s["partitions"] == 1 and s["captured"] == 1 and s["replays_per_call"] == 1
+
+
+def test_a_dynamic_shape_graph_takes_the_lean_path_with_its_sizes(cpu_partitions):
+    """Dynamo passes a dynamic-shape graph its sizes as int arguments, which Inductor's call hands on to
+    the partition: they go straight there too, and each call's sizes are its own."""
+    def step(x, w):
+        return (x @ w).relu() * x.shape[0] + x.shape[1]
+
+    compiled = torch.compile(step, backend="grace", options={"pi": False, "scg": False}, dynamic=True)
+    w = torch.randn(8, 8)
+    with torch.no_grad():
+        for n in (3, 5, 3, 5, 7, 3, 5):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(compiled(x, w), step(x, w))
+    report = grace.REPORTS[-1]
+    assert report.call_path == "lean" and report.partitions[0].replays >= 3, report
+
+
+def test_the_sizes_a_partition_takes_are_read_from_the_call_inductor_generated():
+    import types
+
+    from grace import torch_adapter as adapter
+    from torch._inductor.utils import GraphPartitionMap
+
+    call = """class Runner:
+    def call(self, args):
+        arg0_1, arg1_1, arg2_1, arg3_1 = args
+        args.clear()
+        s77 = arg0_1
+        s27 = arg2_1.size(0)
+        partition0_args = [arg3_1, arg1_1, s77, s27]
+        (buf1,) = self.partitions[0](partition0_args)
+        return (buf1, )
+
+runner = Runner(partitions=[partition_0,])
+"""
+    maps = [GraphPartitionMap(0, [3, 1], [[0]], [])]
+    compiled = types.SimpleNamespace(partition_maps=maps, source_code=call)
+    assert adapter.partition_inputs(compiled) == (3, 1, 0, None)  # s27 is made in the call
+    assert adapter.partition_inputs(types.SimpleNamespace(partition_maps=maps, source_code="")) == (3, 1)

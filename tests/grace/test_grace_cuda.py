@@ -158,6 +158,21 @@ def test_a_graph_that_is_one_partition_takes_the_lean_path_and_stays_right(optio
     assert grace.REPORTS[-1].call_path.startswith("not lean: "), grace.REPORTS[-1].call_path
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("options", [RUNTIME, {}])
+def test_a_dynamic_shape_graph_takes_the_lean_path_with_its_sizes_and_stays_right(options):
+    """Dynamo passes the sizes as ints that the partition takes after its tensors; each size a recording
+    of its own, replayed on the lean path."""
+    model = _mlp()
+    compiled = torch.compile(model, backend="grace", options=options, dynamic=True)
+    for n in (3, 5, 3, 5, 7, 3, 5, 7, 3):
+        x = torch.randn(n, 32, device="cuda")
+        torch.testing.assert_close(compiled(x), model(x))
+    report = grace.REPORTS[-1]
+    assert report.call_path == "lean", report
+    assert options != RUNTIME or report.partitions[0].replays >= 3, report  # SCG may keep a tiny MLP eager
+
+
 @pytest.mark.parametrize("options", [RUNTIME, {"pi": True, "scg": False}])
 def test_a_mutated_input_that_moves_every_call_is_copied_in_and_back(options):
     """A new cache every call: recorded in place three times, then copied in and copied back."""

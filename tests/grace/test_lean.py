@@ -1,6 +1,7 @@
 """The lean call path (grace.lean) with a CPU stand-in for the wrappers it goes past: `compiled` plays
 AOTAutograd and Inductor around one partition, as the grace backend hands it to Dynamo."""
 
+import pytest
 import torch
 
 from grace import lean
@@ -18,10 +19,17 @@ def _wrapped(part, inputs=lambda args: [args[1], args[0]], outputs=list):
     return compiled, calls
 
 
-def _lean(part, stats, compiled, outputs=1, mutated=(), check=()):
+def _lean(part, stats, compiled, outputs=1, mutated=(), check=(), graph_inputs=()):
     paths = []
-    call = lean.LeanCall(compiled, lean.Candidate(part, outputs, frozenset(check), frozenset(mutated)), paths.append)
-    return call, paths
+    candidate = lean.Candidate(part, outputs, frozenset(check), frozenset(mutated), graph_inputs)
+    return lean.LeanCall(compiled, candidate, paths.append), paths
+
+
+def _scaled_rows(args):
+    """A dynamic-shape partition: its tensors, then the size it takes: y = x[:n] * w."""
+    x, w, n = args
+    args.clear()
+    return (x[:n] * w,)
 
 
 def test_once_a_call_shows_the_route_calls_go_straight_to_the_partition(cpu_graphs):
@@ -59,7 +67,7 @@ def test_a_partition_input_the_wrappers_made_keeps_the_wrappers(cpu_graphs):
     for i in range(lean.WATCHED + 2):
         call(w, torch.randn(4))
     assert len(through_wrappers) == lean.WATCHED + 2
-    assert paths == ["not lean: a partition input is not one of the graph's arguments (sizes, or a copy)"]
+    assert paths == ["not lean: a partition input is not one of the graph's arguments (a copy, or a size made in the call)"]
 
 
 def test_outputs_that_aotautograd_adds_keep_the_wrappers(cpu_graphs):
@@ -141,3 +149,36 @@ def test_threads_whose_first_calls_come_together_each_get_their_own_result(cpu_g
         t.join()
     assert not errors and len(wrong) == 20 and not any(wrong)
     assert paths == ["lean"]
+
+
+def test_a_size_that_dynamo_passes_in_its_graph_inputs_place_goes_straight_to_the_partition(cpu_graphs):
+    """Dynamo calls f(n, x, w) of a dynamic-shape graph; the compiled graph passes its int input 0 on
+    to the partition after the tensors, as Inductor's generated call does (`s77 = arg0_1`)."""
+    part, stats = _part(_scaled_rows, static={1})
+    compiled, through_wrappers = _wrapped(part, inputs=lambda args: [args[1], args[2], args[0]])
+    call, paths = _lean(part, stats, compiled, graph_inputs=(1, 2, 0))
+    w = torch.full((4,), 2.0)
+    for n in (3, 5, 3, 5, 2, 3):
+        x = torch.randn(6, 4)
+        (y,) = call(n, x, w)
+        torch.testing.assert_close(y, x[:n] * w)
+        del y
+    assert paths == ["lean"] and len(through_wrappers) == 1
+
+
+@pytest.mark.parametrize("size, places", [
+    (lambda args: args[0] - 1, (1, 2, 0)),  # made in the call from the int: not the argument's value
+    (lambda args: args[0], (1, 2, None)),  # bound otherwise in the generated call
+    (lambda args: args[0], (2, 1, 0)),  # the graph's inputs lie otherwise than Dynamo's arguments
+    (lambda args: args[0], ()),  # not known
+])
+def test_a_size_not_shown_to_be_the_argument_in_its_place_keeps_the_wrappers(cpu_graphs, size, places):
+    part, stats = _part(_scaled_rows, static={1})
+    compiled, through_wrappers = _wrapped(part, inputs=lambda args: [args[1], args[2], size(args)])
+    call, paths = _lean(part, stats, compiled, graph_inputs=places)
+    w = torch.full((4,), 2.0)
+    for n in range(2, lean.WATCHED + 4):
+        x = torch.randn(8, 4)
+        torch.testing.assert_close(call(n, x, w)[0], x[:size((n,))] * w)
+    assert len(through_wrappers) == lean.WATCHED + 2
+    assert paths == ["not lean: a partition input is not one of the graph's arguments (a copy, or a size made in the call)"]
