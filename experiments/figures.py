@@ -305,7 +305,7 @@ def _bars(table: pd.DataFrame, title: str, ylabel: str, overlay: pd.Series | Non
     ax.set_xticks(x, labels, rotation=35, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the axes: over none of the bars
     if footnote:  # in axes of its own, which the constrained layout keeps clear of the workload names
         note = axes[1, 0]
         note.axis("off")
