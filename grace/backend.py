@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from grace import cgct, lean, runtime
+from grace import calibrate, cgct, lean, runtime
 from grace import torch_adapter as adapter
 
 log = logging.getLogger("grace")
@@ -175,12 +175,13 @@ def _compile_falling_back(gm: torch.fx.GraphModule, example_inputs, report: Grap
 
 def reset() -> None:
     """torch.compiler.reset(), and free every CUDA graph GraCE recorded in this process (code compiled
-    before is compiled again on its next call). Call it before destroying a process group whose
-    collectives GraCE captured: NCCL's destroy waits until every CUDA graph that captured one of its
-    collectives is freed (pytorch#115388), and Inductor's module cache keeps GraCE's partition wrappers,
-    with their graphs, past Dynamo's reset."""
+    before is compiled again on its next call, and SCG decides on the host's costs measured again). Call
+    it before destroying a process group whose collectives GraCE captured: NCCL's destroy waits until
+    every CUDA graph that captured one of its collectives is freed (pytorch#115388), and Inductor's module
+    cache keeps GraCE's partition wrappers, with their graphs, past Dynamo's reset."""
     torch.compiler.reset()
     runtime.free_all()
+    calibrate.forget()
     gc.collect()
 
 

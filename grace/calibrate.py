@@ -90,3 +90,10 @@ def replay_us(device: torch.device) -> float:
         x.add_(1)
     graph.replay()
     return per_call_us(graph.replay, 200, device)
+
+
+def forget() -> None:
+    """Drop the per-process calibrations (grace.reset): what is compiled next is decided on the host as it
+    is then, not as it was when something compiled before took them, perhaps beside other work."""
+    for calibration in (launch_us, copy_bytes_per_us, replay_us):
+        calibration.cache_clear()

@@ -161,3 +161,20 @@ def test_scg_decides_for_a_partition_without_tensor_inputs(cpu_graphs, monkeypat
         torch.testing.assert_close(y, torch.arange(5) * 2.0)
         del y
     assert stats.scg["choice"] == "graph" and stats.status == "captured" and stats.replays == 2
+
+
+def test_a_reset_takes_the_host_costs_again(monkeypatch):
+    """SCG's calibrations are taken once per process; after grace.reset they are taken again, so that what
+    compiles next is not decided on costs taken at another moment (the harness's float64 check compiles
+    beside other workers, then resets)."""
+    import grace
+    from grace import calibrate
+
+    costs = iter([7.0, 11.0])
+    monkeypatch.setattr(calibrate, "launch_cost_us", lambda device, launches: next(costs))
+    calibrate.forget()
+    device = torch.device("cpu")
+    assert calibrate.launch_us(device) == calibrate.launch_us(device) == 7.0
+    grace.reset()
+    assert calibrate.launch_us(device) == 11.0
+    calibrate.forget()
