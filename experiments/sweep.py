@@ -1,9 +1,10 @@
 """Run an experiment: each selected workload, with all its selected variants, in one session of its own.
 
 A session: a worker of its own takes the numerics reference (the first steps in eager, in the compute
-dtype and in float64); each variant gets its own worker process, started beside the reference's, and
-they are set up one at a time, so that compile latencies do not overlap; each setup checks its steps
-against the reference. With `aa_control`, the baseline is set up twice (`<baseline>_aa`): the ratio of
+dtype and in float64); each variant gets its own worker process, started beside the reference's, which
+checks the variant in float64 beside the others (that check times nothing kept); then they are set up
+one at a time, so that compile latencies do not overlap; each setup checks its steps against the
+reference. With `aa_control`, the baseline is set up twice (`<baseline>_aa`): the ratio of
 the two is the session's noise. With `measure.processes=N`, each variant has N workers, timed in every
 round and recorded as one. With `floor` (on a GPU, one rank), a third time as the floor: its step
 captured whole into one CUDA graph and replayed, every variant's time over it in its record. Then
@@ -226,6 +227,7 @@ class Sweep:
                 log.info("%s: numerics reference after %.0f s", entry.name, time.monotonic() - start)
                 if reference is None:
                     return
+                self._check_float64(entry, prestarted, reference, start)
                 deferred = self._measure_group(entry, run, available, reference, start, prestarted, defer=True)
                 if deferred:
                     # Those that ran out of memory beside the others' workers, in a group of their own, with
@@ -240,6 +242,28 @@ class Sweep:
                     self._unmeasured(entry, run, v, "interrupted",
                                      f"stopped (SIGINT) {time.monotonic() - start:.0f} s into this workload")
             raise
+
+    def _check_float64(self, entry: Entry, workers: dict[str, Worker], reference: str, start: float) -> None:
+        """Every worker checks its variant in float64 at once (Bench.check_float64), ahead of the setups one
+        at a time: nothing these compiles time is kept, so they need not wait their turn. A worker whose
+        check fails here (out of memory beside the others) checks again in its setup, alone."""
+        if self.cfg.tp > 1:
+            return
+        asked = []
+        for name, worker in workers.items():
+            try:
+                worker.request("check_float64", reference)
+                asked.append((name, worker))
+            except WorkerError as e:  # its setup says so, in its record
+                log.warning("%s / %s: not ready for the float64 check (%s)", entry.name, name, e)
+        for name, worker in asked:
+            try:
+                worker.reply()
+            except WorkerError as e:
+                log.warning("%s / %s: float64 check beside the others failed (%s); its setup checks again",
+                            entry.name, name, e)
+        log.info("%s: %d variants checked in float64, side by side, after %.0f s", entry.name, len(asked),
+                 time.monotonic() - start)
 
     def _measure_group(self, entry: Entry, run: int, variants: list[Variant], reference: str, start: float,
                        prestarted: dict[str, Worker], defer: bool) -> list[Variant]:

@@ -390,6 +390,68 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
                       ("start", "scg"), ("end", "scg"), ("start", "grace"), ("end", "grace")]
 
 
+def test_every_variant_is_checked_in_float64_side_by_side_before_the_first_setup(make_cfg, monkeypatch):
+    """The float64 checks compile beside each other (they time nothing kept), all before the setups one
+    at a time; a worker whose check fails there (out of memory beside the others) checks in its setup."""
+    asked = []
+
+    class Logged(sweep_module.Worker):
+        def __init__(self, spec, timeout_s):
+            super().__init__(spec, timeout_s)
+            self.variant = spec.variant.name
+
+        def request(self, method, *args):
+            asked.append((method, self.variant))
+            super().request(method, *args)
+
+        def reply(self):
+            value = super().reply()
+            if self._method == "check_float64" and self.variant == "eager":
+                raise WorkerError("check_float64: OutOfMemoryError: CUDA out of memory")
+            return value
+
+    monkeypatch.setattr(sweep_module, "Worker", Logged)
+    recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]").store)
+    methods = [m for m, _ in asked if m in ("check_float64", "setup")]
+    assert methods == ["check_float64", "check_float64", "setup", "setup"], asked
+    assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok"}
+    assert all(r.float64_check_s > 0 for r in recs.values())
+
+
+COMPILED: list[bool] = []  # counting_backend's: per graph compiled, whether it was a float64 one
+
+
+def counting_backend(gm, example_inputs):
+    COMPILED.append(any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in example_inputs))
+    return gm
+
+
+def test_a_float64_check_taken_ahead_is_the_setups_and_is_not_taken_again(tmp_path):
+    from experiments.bench import Bench, Spec
+    from experiments.variants import Variant
+
+    torch._dynamo.reset()
+    COMPILED.clear()
+    spec = Spec("mlp", "eval", None, "tiny", Variant("counted", compile={"backend": "tests.harness.test_sweep:counting_backend"}),
+                "cpu", 0, 2, {"bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-6}, 3.0)
+    reference = str(tmp_path / "reference.pt")
+    Bench(spec).reference(reference)
+    bench = Bench(spec)
+    seconds = bench.check_float64(reference)
+    assert seconds > 0 and COMPILED == [True]
+    setup = bench.setup(reference)
+    assert COMPILED == [True, False]  # the measured instance only: no second float64 compile
+    assert setup.float64_check_s == seconds and setup.numerics.passed and setup.build_s > 0
+    # out of memory beside the others: nothing kept, and its setup runs the check again
+    torch._dynamo.reset()
+    oom = dataclasses.replace(spec, variant=Variant("oom", compile={"backend": "tests.harness.test_sweep:runs_out_in_float64"}))
+    bench = Bench(oom)
+    assert bench.check_float64(reference) is None
+    with pytest.raises(Exception) as e:
+        bench.setup(reference)
+    assert out_of_memory(f"setup: {type(e.value).__name__}: {e.value}"), e.value
+
+
 def test_a_sweep_stopped_during_a_setup_kills_every_worker_and_records_the_rest_as_interrupted(make_cfg, monkeypatch):
     """SIGINT while a variant sets up (a TP worker may hang there, in NCCL): no worker is waited
     for, the one being set up included, and the variants not yet recorded say interrupted."""
