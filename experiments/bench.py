@@ -73,6 +73,15 @@ class Round:
 
 
 @dataclass(frozen=True)
+class Float64Check:
+    """The variant's steps run and judged in float64 (Bench._check_in_float64)."""
+
+    results: dict[str, Numerics]  # by part and step, as Bench._judge keys them
+    seconds: float | None  # None: not run
+    unchecked: str = ""  # why not: what the numerics detail says
+
+
+@dataclass(frozen=True)
 class Setup:
     batch: int
     build_s: float  # the workload's model and inputs built, its initial state kept
@@ -107,8 +116,6 @@ class Bench:
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
         self.task: Task | None = None
-        self._build_s = 0.0  # building self.task, in check_float64 or setup
-        self._float64: tuple[dict[str, Numerics], float | None, str] | None = None  # _float64_check's, once run
         self.fn = None
         self._skip_reasons = collect_cudagraph_skip_reasons()  # a Bench lives in a worker process of its own
         self._graphs_from = 0  # the first of grace's graph reports that are the measured instance's
@@ -135,13 +142,6 @@ class Bench:
     def _task(self) -> Task:
         spec = self.spec
         return Task(workloads.get(spec.workload)(spec.mode, spec.batch, spec.size, spec.device), spec.seed)
-
-    def _build(self) -> None:
-        """self.task, built once (check_float64 or setup, whichever comes first)."""
-        if self.task is None:
-            t0 = time.perf_counter()
-            self.task = self._task()
-            self._build_s = time.perf_counter() - t0
 
     def reference(self, path: str) -> None:
         """The numerics check's yardsticks, once per workload, before any variant is set up (the sweep
@@ -232,57 +232,53 @@ class Bench:
         self._graphs_from = len(grace.REPORTS)
         self._release()
 
-    def _float64_check(self, yardsticks: dict) -> tuple[dict[str, Numerics], float | None, str]:
-        """_check_in_float64's results, its seconds, and why it was left out ("": it was not); out of GPU
-        memory is raised (beside other workers: the sweep sets the variant up again alone)."""
+    def _float64_check(self, yardsticks: dict) -> Float64Check:
+        """_check_in_float64 of self.task; out of GPU memory is raised (beside other workers: the sweep
+        checks or sets the variant up again alone)."""
         t0 = time.perf_counter()
         try:
-            return self._check_in_float64(yardsticks), time.perf_counter() - t0, ""
+            return Float64Check(self._check_in_float64(yardsticks), time.perf_counter() - t0)
         except Exception as e:  # e.g. a compiler's float64-only bug: the check in the compute dtype still runs
             if out_of_memory(f"{type(e).__name__}: {e} {error_line(e)}"):
                 raise
             unchecked = f"not checked in float64: {error_line(e)}"
             log.warning("%s %s: %s", self.spec.workload, self.spec.variant.name, unchecked, exc_info=True)
-            return {}, None, unchecked
+            return Float64Check({}, None, unchecked)
 
-    def check_float64(self, reference: str) -> float | None:
-        """Build the task and check the variant in float64 ahead of its setup, which then takes the result.
-        The sweep asks every worker of a session at once: nothing this times is kept (calibrations and
-        compile-time choices in float64 are dropped with the check), and the compiles are the setups' half.
-        Returns its seconds; None where setup must run it again: out of GPU memory beside the other
-        workers' checks, or a tensor-parallel rank (the reference is the whole model)."""
-        if self.spec.tp > 1:
-            return None
+    def check_float64(self, reference: str) -> Float64Check | None:
+        """The float64 check alone, for a setup in another process (Bench.setup's `float64`): the sweep
+        runs it in a process of its own per variant, all at once, and ends those processes, so that
+        nothing it compiled, cached or calibrated stays with the measured instance. None where it ran out
+        of GPU memory (beside the other checks)."""
         yardsticks = torch.load(reference, weights_only=False, mmap=True)
-        self._build()
+        self.task = self._task()
         try:
-            self._float64 = self._float64_check(yardsticks)
+            return self._float64_check(yardsticks)
         except Exception as e:
             if not out_of_memory(f"{type(e).__name__}: {e} {error_line(e)}"):
                 raise
-            log.info("%s %s: out of memory in float64 beside other workers; checked again in its setup",
-                     self.spec.workload, self.spec.variant.name)
             return None
-        return self._float64[1]
+        finally:
+            self.task = None
+            self._release()
 
-    def setup(self, reference: str) -> Setup:
-        """Build; check the variant in float64 (_check_in_float64), unless check_float64 did; compile in
-        the compute dtype (the first step), warm up, then check the steps that _checked_steps takes against
-        the reference's (Bench.reference) as they come."""
+    def setup(self, reference: str, float64: Float64Check | None = None) -> Setup:
+        """Build; check the variant in float64 (_check_in_float64), unless `float64` is that check, taken
+        in another process (check_float64); compile in the compute dtype (the first step), warm up, then
+        check the steps that _checked_steps takes against the reference's (Bench.reference) as they come."""
         spec = self.spec
         t0 = time.perf_counter()
         # on every rank (the fresh inputs), mapped: the yardsticks are read only as they are compared
         yardsticks = torch.load(reference, weights_only=False, mmap=True)
-        built_early = self.task is not None  # by check_float64: its build counts as this setup's
-        self._build()
+        self.task = self._task()
         judged = self.rank == 0  # TP: the other ranks step in lockstep, and are not compared
         checked_here = 0.0
-        if spec.tp == 1 and self._float64 is None:  # TP: the reference is the whole model, and so would be the check
+        if spec.tp == 1 and float64 is None:  # TP: the reference is the whole model, and so would be the check
             t64 = time.perf_counter()
-            self._float64 = self._float64_check(yardsticks)
+            float64 = self._float64_check(yardsticks)
             checked_here = time.perf_counter() - t64
-        results, float64_check_s, unchecked = self._float64 or ({}, None, "")
-        results = dict(results)
+        float64 = float64 or Float64Check({}, None)
+        results = dict(float64.results)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if spec.tp > 1:  # this rank keeps its slice of the model; the reference is the whole model (TP1)
@@ -303,15 +299,14 @@ class Bench:
             elif judged:
                 self._judge(results, when, step, observation, yardsticks, self.task.compute_dtype)
         numerics = judge(results) if judged else None
-        if numerics is not None and unchecked:
-            numerics = dataclasses.replace(numerics, detail="; ".join(filter(None, [numerics.detail, unchecked])))
+        if numerics is not None and float64.unchecked:
+            numerics = dataclasses.replace(numerics, detail="; ".join(filter(None, [numerics.detail, float64.unchecked])))
         t3 = time.perf_counter()
         floor_method = self._take_floor() if spec.variant.floor else None
         self._release()
         t1, t2 = timed
-        build_s = built - t0 - checked_here + (self._build_s if built_early else 0)
-        return Setup(self.task.workload.batch, build_s, t1 - built, t2 - t1,
-                     t3 - t2, float64_check_s, numerics, floor_method, shape_padding_choices())
+        return Setup(self.task.workload.batch, built - t0 - checked_here, t1 - built, t2 - t1,
+                     t3 - t2, float64.seconds, numerics, floor_method, shape_padding_choices())
 
     def _take_floor(self) -> str:
         """The floor variant's timed step (Variant.floor), its numerics checked as its variant's: the step

@@ -111,8 +111,8 @@ class Record:
     compile_s: float | None = None  # first call: compilation (and for graph variants, warm-up run)
     warmup_s: float | None = None  # the other untimed calls (graph recording happens here)
     check_s: float | None = None  # its setup's end: a rewound step, one on fresh inputs, the numerics check
-    float64_check_s: float | None = None  # before all that: the variant run and checked in float64; in
-    # the newer records beside the other variants' checks, ahead of every setup, and out of setup_s
+    float64_check_s: float | None = None  # the variant run and checked in float64: in the newer records in
+    # a process of its own beside the other variants' checks, ahead of every setup, and out of setup_s
     workload_s: float | None = None  # seconds from the start of this workload's measurement (its numerics
     # reference) to this record: for the last record of a workload, how long measuring it took
     set_up_beside: int | None = None  # other variants' workers setting up at the same time (0: alone):

@@ -1,10 +1,10 @@
 """Run an experiment: each selected workload, with all its selected variants, in one session of its own.
 
 A session: a worker of its own takes the numerics reference (the first steps in eager, in the compute
-dtype and in float64); each variant gets its own worker process, started beside the reference's, which
-checks the variant in float64 beside the others (that check times nothing kept); then they are set up
-one at a time, so that compile latencies do not overlap; each setup checks its steps against the
-reference. With `aa_control`, the baseline is set up twice (`<baseline>_aa`): the ratio of
+dtype and in float64); each variant gets its own worker process, started beside the reference's, and
+another that checks it in float64 beside the others' checks (they time nothing kept) and ends; then the
+variants are set up one at a time, so that compile latencies do not overlap; each setup checks its
+steps against the reference. With `aa_control`, the baseline is set up twice (`<baseline>_aa`): the ratio of
 the two is the session's noise. With `measure.processes=N`, each variant has N workers, timed in every
 round and recorded as one. With `floor` (on a GPU, one rank), a third time as the floor: its step
 captured whole into one CUDA graph and replayed, every variant's time over it in its record. Then
@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from experiments import environment, stats, workloads
-from experiments.bench import Round, Setup, Spec
+from experiments.bench import Float64Check, Round, Setup, Spec
 from experiments.cores import timing_cores
 from experiments.records import Record, RecordStore, Selection, out_of_memory, padded_apart
 from experiments.variants import Variant
@@ -152,6 +152,7 @@ class Sweep:
         # in seconds (Record.start_s, Record.setup_s)
         self._setups: dict[str, tuple[int, float, float]] = {}
         self._started: float | None = None  # when the workload being measured started (time.monotonic)
+        self._float64: dict[str, Float64Check] = {}  # the workload's float64 checks, by variant, taken apart
         self.session = uuid.uuid4().hex[:12]
 
     def run(self) -> Path:
@@ -223,11 +224,15 @@ class Sweep:
                 processes = [p for v in available for p in self._processes(v)]
                 early += [Worker(self._spec(entry, p), self.measure.timeout_s) for p in processes]
                 prestarted = dict(zip((p.name for p in processes), early))
+                # and a process per variant for its float64 check (TP: none, the reference is the whole model)
+                checkers = {v.name: Worker(self._spec(entry, v), self.measure.timeout_s)
+                            for v in available if self.cfg.tp == 1}
+                early += checkers.values()
                 reference = self._reference(entry, run, available, os.path.join(folder, "reference.pt"))
                 log.info("%s: numerics reference after %.0f s", entry.name, time.monotonic() - start)
                 if reference is None:
                     return
-                self._check_float64(entry, prestarted, reference, start)
+                self._float64 = self._check_float64(entry, checkers, reference, start)
                 deferred = self._measure_group(entry, run, available, reference, start, prestarted, defer=True)
                 if deferred:
                     # Those that ran out of memory beside the others' workers, in a group of their own, with
@@ -243,27 +248,45 @@ class Sweep:
                                      f"stopped (SIGINT) {time.monotonic() - start:.0f} s into this workload")
             raise
 
-    def _check_float64(self, entry: Entry, workers: dict[str, Worker], reference: str, start: float) -> None:
-        """Every worker checks its variant in float64 at once (Bench.check_float64), ahead of the setups one
-        at a time: nothing these compiles time is kept, so they need not wait their turn. A worker whose
-        check fails here (out of memory beside the others) checks again in its setup, alone."""
-        if self.cfg.tp > 1:
-            return
-        asked = []
-        for name, worker in workers.items():
-            try:
-                worker.request("check_float64", reference)
-                asked.append((name, worker))
-            except WorkerError as e:  # its setup says so, in its record
-                log.warning("%s / %s: not ready for the float64 check (%s)", entry.name, name, e)
-        for name, worker in asked:
-            try:
-                worker.reply()
-            except WorkerError as e:
-                log.warning("%s / %s: float64 check beside the others failed (%s); its setup checks again",
-                            entry.name, name, e)
-        log.info("%s: %d variants checked in float64, side by side, after %.0f s", entry.name, len(asked),
+    def _check_float64(self, entry: Entry, checkers: dict[str, Worker], reference: str,
+                       start: float) -> dict[str, Float64Check]:
+        """Each variant's float64 check (Bench.check_float64) in a process of its own, all at once (nothing
+        they time is kept: they need not wait their turn as the measured compiles do), then those that ran
+        out of GPU memory beside the others, one at a time. Each process then ends, so that nothing of its
+        float64 copy stays on the GPU. A variant left without a check here is checked in its setup."""
+        checked: dict[str, Float64Check] = {}
+        pending = list(checkers.items())
+        for together in (True, False):
+            again = []
+            for group in [pending] if together else [[p] for p in pending]:
+                asked = []
+                for name, worker in group:
+                    try:
+                        worker.request("check_float64", reference)
+                        asked.append((name, worker))
+                    except WorkerError as e:  # its setup checks again, and says so if it fails there too
+                        log.warning("%s / %s: float64 check not started (%s)", entry.name, name, e)
+                for name, worker in asked:
+                    try:
+                        result = worker.reply()
+                    except WorkerError as e:
+                        log.warning("%s / %s: float64 check failed (%s)", entry.name, name, e)
+                        continue
+                    if result is None and together:
+                        again.append((name, worker))
+                        continue
+                    if result is not None:
+                        checked[name] = result
+                    worker.ask_to_close()  # done: they exit side by side, their memory the next group's
+                for name, worker in asked:
+                    if (name, worker) not in again:
+                        worker.close()
+            pending = again
+        for worker in checkers.values():
+            worker.close()
+        log.info("%s: %d of %d variants checked in float64 after %.0f s", entry.name, len(checked), len(checkers),
                  time.monotonic() - start)
+        return checked
 
     def _measure_group(self, entry: Entry, run: int, variants: list[Variant], reference: str, start: float,
                        prestarted: dict[str, Worker], defer: bool) -> list[Variant]:
@@ -351,8 +374,8 @@ class Sweep:
                     worker.close()
                     self._unmeasured(entry, run, v, "failed", str(e))
             began = time.monotonic()
-            for _, worker, _ in ready:
-                worker.request("setup", reference)
+            for v, worker, _ in ready:
+                worker.request("setup", reference, self._float64.get(v.name.split(PROCESS)[0]))
             for v, worker, start_s in ready:
                 try:
                     workers[v.name] = (v, worker, worker.reply())

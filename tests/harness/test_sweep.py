@@ -390,9 +390,10 @@ def test_variants_that_time_themselves_are_set_up_alone_after_the_others(make_cf
                       ("start", "scg"), ("end", "scg"), ("start", "grace"), ("end", "grace")]
 
 
-def test_every_variant_is_checked_in_float64_side_by_side_before_the_first_setup(make_cfg, monkeypatch):
-    """The float64 checks compile beside each other (they time nothing kept), all before the setups one
-    at a time; a worker whose check fails there (out of memory beside the others) checks in its setup."""
+def test_every_variant_is_checked_in_float64_apart_and_at_once_before_the_first_setup(make_cfg, monkeypatch):
+    """The float64 checks run in processes of their own, all at once (they time nothing kept), and end
+    before the setups one at a time, which take their results; one that ran out of memory beside the
+    others is checked again alone, and one that failed there is checked in its setup."""
     asked = []
 
     class Logged(sweep_module.Worker):
@@ -401,21 +402,28 @@ def test_every_variant_is_checked_in_float64_side_by_side_before_the_first_setup
             self.variant = spec.variant.name
 
         def request(self, method, *args):
-            asked.append((method, self.variant))
+            asked.append((method, self.variant, args[1:] if method == "setup" else ()))
             super().request(method, *args)
 
         def reply(self):
             value = super().reply()
-            if self._method == "check_float64" and self.variant == "eager":
-                raise WorkerError("check_float64: OutOfMemoryError: CUDA out of memory")
+            if self._method == "check_float64":
+                nth = sum(m == "check_float64" and v == self.variant for m, v, _ in asked)
+                if self.variant == "eager" and nth == 1:  # beside the others: out of memory
+                    return None
+                if self.variant == "inductor":
+                    raise WorkerError("check_float64: worker process died (exit code -9)")
             return value
 
     monkeypatch.setattr(sweep_module, "Worker", Logged)
     recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]").store)
-    methods = [m for m, _ in asked if m in ("check_float64", "setup")]
-    assert methods == ["check_float64", "check_float64", "setup", "setup"], asked
+    checks = [(m, v) for m, v, _ in asked if m in ("check_float64", "setup")]
+    assert checks == [("check_float64", "eager"), ("check_float64", "inductor"), ("check_float64", "eager"),
+                      ("setup", "eager"), ("setup", "inductor")], checks
+    handed = {v: args[0] for m, v, args in asked if m == "setup"}
+    assert handed["eager"].seconds > 0 and handed["inductor"] is None  # inductor's setup checks it itself
     assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok"}
-    assert all(r.float64_check_s > 0 for r in recs.values())
+    assert recs["eager"].float64_check_s > 0 and recs["inductor"].float64_check_s > 0
 
 
 COMPILED: list[bool] = []  # counting_backend's: per graph compiled, whether it was a float64 one
@@ -426,7 +434,7 @@ def counting_backend(gm, example_inputs):
     return gm
 
 
-def test_a_float64_check_taken_ahead_is_the_setups_and_is_not_taken_again(tmp_path):
+def test_a_float64_check_taken_apart_is_the_setups_and_is_not_taken_again(tmp_path):
     from experiments.bench import Bench, Spec
     from experiments.variants import Variant
 
@@ -436,20 +444,21 @@ def test_a_float64_check_taken_ahead_is_the_setups_and_is_not_taken_again(tmp_pa
                 "cpu", 0, 2, {"bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-6}, 3.0)
     reference = str(tmp_path / "reference.pt")
     Bench(spec).reference(reference)
-    bench = Bench(spec)
-    seconds = bench.check_float64(reference)
-    assert seconds > 0 and COMPILED == [True]
-    setup = bench.setup(reference)
+    checker = Bench(spec)
+    check = checker.check_float64(reference)
+    assert check.seconds > 0 and check.results and COMPILED == [True] and checker.task is None
+    torch._dynamo.reset()
+    setup = Bench(spec).setup(reference, check)
     assert COMPILED == [True, False]  # the measured instance only: no second float64 compile
-    assert setup.float64_check_s == seconds and setup.numerics.passed and setup.build_s > 0
-    # out of memory beside the others: nothing kept, and its setup runs the check again
+    assert setup.float64_check_s == check.seconds and setup.numerics.passed and setup.build_s > 0
+    # a wrong float64 result handed over fails the setup's numerics as its own would
+    wrong = dataclasses.replace(check, results={k: dataclasses.replace(n, passed=False) for k, n in check.results.items()})
+    torch._dynamo.reset()
+    assert not Bench(spec).setup(reference, wrong).numerics.passed
+    # out of memory: nothing kept, for the sweep to check it again alone
     torch._dynamo.reset()
     oom = dataclasses.replace(spec, variant=Variant("oom", compile={"backend": "tests.harness.test_sweep:runs_out_in_float64"}))
-    bench = Bench(oom)
-    assert bench.check_float64(reference) is None
-    with pytest.raises(Exception) as e:
-        bench.setup(reference)
-    assert out_of_memory(f"setup: {type(e.value).__name__}: {e.value}"), e.value
+    assert Bench(oom).check_float64(reference) is None
 
 
 def test_a_sweep_stopped_during_a_setup_kills_every_worker_and_records_the_rest_as_interrupted(make_cfg, monkeypatch):
@@ -468,7 +477,7 @@ def test_a_sweep_stopped_during_a_setup_kills_every_worker_and_records_the_rest_
             super().request(method, *args)
 
         def reply(self):
-            if self._method == "setup" and len(started) == 3:  # the reference's worker, eager's, inductor's
+            if self._method == "setup":  # the first, after the reference and the float64 checks
                 raise KeyboardInterrupt
             return super().reply()
 
@@ -476,9 +485,10 @@ def test_a_sweep_stopped_during_a_setup_kills_every_worker_and_records_the_rest_
     sweep = Sweep(make_cfg("workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]"))
     with pytest.raises(KeyboardInterrupt):
         sweep.run()
-    assert len(started) == 3 and not any(w._proc.is_alive() for w in started)
+    # the reference's worker, and eager's and inductor's, each measured and float64-checked
+    assert len(started) == 5 and not any(w._proc.is_alive() for w in started)
     # the variants' workers were started beside the reference's, before it was asked for the reference
-    assert asked[:4] == ["start", "start", "start", "reference"]
+    assert asked[:6] == ["start"] * 5 + ["reference"]
     assert {r.variant: r.status for r in sweep.store.load()} == {"eager": "interrupted", "inductor": "interrupted"}
 
 
