@@ -99,6 +99,12 @@ def _merged(by_process: list[list[Round]]) -> list[Round]:
     return merged
 
 
+def _checked_as(v: Variant) -> str:
+    """What a variant's float64 check runs: the same for variants that differ only in name and in how
+    they are timed (the baseline, its A/A control, the floor)."""
+    return repr((v.compile, v.dynamo, v.mutation))
+
+
 @contextlib.contextmanager
 def _closing(workers: list[Worker]) -> Iterator[list[Worker]]:
     """Close `workers` (those added inside the block too) on the way out; at once if the sweep is being
@@ -152,7 +158,7 @@ class Sweep:
         # in seconds (Record.start_s, Record.setup_s)
         self._setups: dict[str, tuple[int, float, float]] = {}
         self._started: float | None = None  # when the workload being measured started (time.monotonic)
-        self._float64: dict[str, Float64Check] = {}  # the workload's float64 checks, by variant, taken apart
+        self._float64: dict[str, Float64Check] = {}  # the workload's float64 checks taken apart (_checked_as)
         self.session = uuid.uuid4().hex[:12]
 
     def run(self) -> Path:
@@ -224,9 +230,12 @@ class Sweep:
                 processes = [p for v in available for p in self._processes(v)]
                 early += [Worker(self._spec(entry, p), self.measure.timeout_s) for p in processes]
                 prestarted = dict(zip((p.name for p in processes), early))
-                # and a process per variant for its float64 check (TP: none, the reference is the whole model)
-                checkers = {v.name: Worker(self._spec(entry, v), self.measure.timeout_s)
-                            for v in available if self.cfg.tp == 1}
+                # and a process per float64 check (TP: none, the reference is the whole model), one for the
+                # variants that run the same code (the baseline, its A/A control and the floor)
+                checkers: dict[str, Worker] = {}
+                for v in available if self.cfg.tp == 1 else []:
+                    if _checked_as(v) not in checkers:
+                        checkers[_checked_as(v)] = Worker(self._spec(entry, v), self.measure.timeout_s)
                 early += checkers.values()
                 reference = self._reference(entry, run, available, os.path.join(folder, "reference.pt"))
                 log.info("%s: numerics reference after %.0f s", entry.name, time.monotonic() - start)
@@ -250,10 +259,11 @@ class Sweep:
 
     def _check_float64(self, entry: Entry, checkers: dict[str, Worker], reference: str,
                        start: float) -> dict[str, Float64Check]:
-        """Each variant's float64 check (Bench.check_float64) in a process of its own, all at once (nothing
-        they time is kept: they need not wait their turn as the measured compiles do), then those that ran
-        out of GPU memory beside the others, one at a time. Each process then ends, so that nothing of its
-        float64 copy stays on the GPU. A variant left without a check here is checked in its setup."""
+        """Each float64 check (Bench.check_float64; `checkers` by _checked_as) in a process of its own, all
+        at once (nothing they time is kept: they need not wait their turn as the measured compiles do), then
+        those that ran out of GPU memory beside the others, one at a time. Each process then ends, so that
+        nothing of its float64 copy stays on the GPU. A variant left without a check here is checked in its
+        setup."""
         checked: dict[str, Float64Check] = {}
         pending = list(checkers.items())
         for together in (True, False):
@@ -265,12 +275,12 @@ class Sweep:
                         worker.request("check_float64", reference)
                         asked.append((name, worker))
                     except WorkerError as e:  # its setup checks again, and says so if it fails there too
-                        log.warning("%s / %s: float64 check not started (%s)", entry.name, name, e)
+                        log.warning("%s / %s: float64 check not started (%s)", entry.name, worker.variant, e)
                 for name, worker in asked:
                     try:
                         result = worker.reply()
                     except WorkerError as e:
-                        log.warning("%s / %s: float64 check failed (%s)", entry.name, name, e)
+                        log.warning("%s / %s: float64 check failed (%s)", entry.name, worker.variant, e)
                         continue
                     if result is None and together:
                         again.append((name, worker))
@@ -284,7 +294,7 @@ class Sweep:
             pending = again
         for worker in checkers.values():
             worker.close()
-        log.info("%s: %d of %d variants checked in float64 after %.0f s", entry.name, len(checked), len(checkers),
+        log.info("%s: %d of %d float64 checks taken apart after %.0f s", entry.name, len(checked), len(checkers),
                  time.monotonic() - start)
         return checked
 
@@ -375,7 +385,7 @@ class Sweep:
                     self._unmeasured(entry, run, v, "failed", str(e))
             began = time.monotonic()
             for v, worker, _ in ready:
-                worker.request("setup", reference, self._float64.get(v.name.split(PROCESS)[0]))
+                worker.request("setup", reference, self._float64.get(_checked_as(v)))
             for v, worker, start_s in ready:
                 try:
                     workers[v.name] = (v, worker, worker.reply())

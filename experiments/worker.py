@@ -84,6 +84,7 @@ class Worker:
         self._proc.start()
         child.close()
         self.timeout_s = timeout_s
+        self.variant = spec.variant.name
         self._start_s: float | None = None
         self._closing = False
         self._send("ready")

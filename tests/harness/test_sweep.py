@@ -411,19 +411,22 @@ def test_every_variant_is_checked_in_float64_apart_and_at_once_before_the_first_
                 nth = sum(m == "check_float64" and v == self.variant for m, v, _ in asked)
                 if self.variant == "eager" and nth == 1:  # beside the others: out of memory
                     return None
-                if self.variant == "inductor":
+                if self.variant == "eager":  # and then, alone, its process died
                     raise WorkerError("check_float64: worker process died (exit code -9)")
             return value
 
     monkeypatch.setattr(sweep_module, "Worker", Logged)
-    recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]").store)
+    recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
+                              "aa_control=true").store)
     checks = [(m, v) for m, v, _ in asked if m in ("check_float64", "setup")]
+    # one check for inductor and its A/A control, which run the same code
     assert checks == [("check_float64", "eager"), ("check_float64", "inductor"), ("check_float64", "eager"),
-                      ("setup", "eager"), ("setup", "inductor")], checks
+                      ("setup", "eager"), ("setup", "inductor"), ("setup", "inductor_aa")], checks
     handed = {v: args[0] for m, v, args in asked if m == "setup"}
-    assert handed["eager"].seconds > 0 and handed["inductor"] is None  # inductor's setup checks it itself
-    assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok"}
-    assert recs["eager"].float64_check_s > 0 and recs["inductor"].float64_check_s > 0
+    assert handed["eager"] is None  # its setup checks it
+    assert handed["inductor"].seconds > 0 and handed["inductor_aa"] == handed["inductor"]
+    assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok", "inductor_aa": "ok"}
+    assert all(r.float64_check_s > 0 for r in recs.values())
 
 
 COMPILED: list[bool] = []  # counting_backend's: per graph compiled, whether it was a float64 one
