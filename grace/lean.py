@@ -6,11 +6,12 @@ What it takes is checked twice. When compiled (grace.backend): an inference grap
 partition, each of its inputs a graph input, no input mutated outside it (torch_adapter.
 beyond_one_partition). When called: one call, watched, must show the partition taking Dynamo's own
 argument tensors, and its sizes from Dynamo's int arguments in the same places (a dynamic-shape graph's),
-and Dynamo getting back the partition's own output tensors, as many as the graph has outputs
-(AOTAutograd adds outputs for the mutations and aliases it replays). What the wrappers still
-did per call is done here: grad mode off, the version counters of mutated inputs bumped. Calls where
-they would do more (autocast on, an input that must be realigned, another current device) take the
-wrappers' path.
+and Dynamo getting back as many tensors as the graph has outputs (AOTAutograd adds outputs for the
+mutations it replays), each the partition's own output, an argument, or a view of either (of a graph
+without sizes: its view's shape is then fixed). What the wrappers still did per call is done here:
+grad mode off, the version counters of mutated inputs bumped, the views made again on the call's own
+tensors (AOTAutograd's wrappers regenerate an aliased output so). Calls where they would do more
+(autocast on, an input that must be realigned, another current device) take the wrappers' path.
 """
 
 from __future__ import annotations
@@ -40,9 +41,26 @@ class Candidate:
 
 
 @dataclasses.dataclass(frozen=True)
+class Alias:
+    """A graph output the partition did not make: a Dynamo argument itself, or a view of one or of a
+    partition output, made again on each call from that call's tensor."""
+    of_argument: bool  # else of a partition output
+    index: int
+    view: tuple[tuple[int, ...], tuple[int, ...], int] | None  # size, stride and storage offset from the
+    # base's; None: the base itself
+
+    def of(self, args: tuple, result: list) -> torch.Tensor:
+        base = args[self.index] if self.of_argument else result[self.index]
+        if self.view is None:
+            return base
+        size, stride, offset = self.view
+        return base.as_strided(size, stride, base.storage_offset() + offset)
+
+
+@dataclasses.dataclass(frozen=True)
 class Route:
     inputs: tuple[int, ...]  # the Dynamo argument of each partition input
-    outputs: tuple[int, ...]  # the partition output of each graph output
+    outputs: tuple[int | Alias, ...]  # the partition output of each graph output, or how it is made
     check: tuple[int, ...]  # Dynamo arguments to check for alignment
     mutated: tuple[int, ...]  # Dynamo arguments whose versions to bump
     device: int | None  # the CUDA device the partition runs on
@@ -67,14 +85,39 @@ def route(candidate: Candidate, args: tuple, calls: list, returned: Any) -> Rout
         else:
             return "a partition input is not one of the graph's arguments (a copy, or a size made in the call)"
     made = {id(t): j for j, t in enumerate(result) if isinstance(t, torch.Tensor)}
+    sized = any(type(a) is int for a in part_args)
     outputs = []
     for t in returned:
-        if id(t) not in made:
-            return "a graph output is not one of the partition's outputs (an input, a view or a constant)"
-        outputs.append(made[id(t)])
+        if id(t) in made:
+            outputs.append(made[id(t)])
+        elif not isinstance(t, torch.Tensor):
+            return "a graph output is not a tensor"
+        elif id(t) in where:
+            outputs.append(Alias(True, where[id(t)], None))
+        elif sized:
+            return "a graph output is not one of the partition's outputs, in a graph with sizes"
+        elif (alias := _view(t, args, result)) is not None:
+            outputs.append(alias)
+        else:
+            return "a graph output is not one of the partition's outputs, nor a view of one or of an argument"
     cuda = next((a.device.index for a in part_args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
     return Route(tuple(inputs), tuple(outputs), tuple(sorted({inputs[i] for i in candidate.check})),
                  tuple(sorted({inputs[i] for i in candidate.mutated})), cuda, isinstance(returned, tuple))
+
+
+def _view(t: torch.Tensor, args: tuple, result: list) -> Alias | None:
+    """`t` as a view of a Dynamo argument or of a partition output: one with its storage, device and dtype
+    (a view in another dtype is not a strided view of it). Arguments first: a partition output may view
+    its input, which a replay reads from the recording's buffer, not from the argument."""
+    storage = t.untyped_storage().data_ptr()
+    if not storage:  # no memory of its own to tell it by
+        return None
+    bases = [(True, i, a) for i, a in enumerate(args)] + [(False, j, b) for j, b in enumerate(result)]
+    for of_argument, i, base in bases:
+        if (isinstance(base, torch.Tensor) and base.device == t.device and base.dtype == t.dtype
+                and base.untyped_storage().data_ptr() == storage):
+            return Alias(of_argument, i, (tuple(t.shape), tuple(t.stride()), t.storage_offset() - base.storage_offset()))
+    return None
 
 
 def _passed_on(candidate: Candidate, args: tuple, part_args: list, where: dict[int, int], i: int) -> bool:
@@ -113,7 +156,7 @@ class LeanCall:
             result = self.candidate.part(part_args)
         if r.mutated:
             torch.autograd.graph.increment_version([args[i] for i in r.mutated])
-        outputs = [result[j] for j in r.outputs]
+        outputs = [result[j] if type(j) is int else j.of(args, result) for j in r.outputs]
         return tuple(outputs) if r.as_tuple else outputs
 
     def _watched(self, args: tuple):

@@ -140,7 +140,7 @@ def test_an_input_mutated_in_place_is_captured_in_place():
 @pytest.mark.parametrize("options", [RUNTIME, {}])
 def test_a_graph_that_is_one_partition_takes_the_lean_path_and_stays_right(options):
     """grace.lean: calls past AOTAutograd's and Inductor's wrappers, the mutated cache's version bumped;
-    an output that is a view of an input keeps the wrappers, and says why."""
+    outputs that are an input, a view of one or a view of a graph output are made again on each call."""
     model = _mlp()
     compiled = torch.compile(model, backend="grace", options=options)
     for i in range(5):
@@ -149,13 +149,14 @@ def test_a_graph_that_is_one_partition_takes_the_lean_path_and_stays_right(optio
     assert grace.REPORTS[-1].call_path == "lean", grace.REPORTS[-1]
     decode = _decodes_as_eager(options)
     assert decode.call_path == "lean" and decode.partitions[0].replays >= 4
-    viewed = torch.compile(lambda x: (x * 2, x[0]), backend="grace", options=options)
-    for i in range(4):
-        x = torch.randn(4, 4, device="cuda")
-        y, row = viewed(x)
+    viewed = torch.compile(lambda x: (x * 2, x[1], x, (x * 3).t()[1:]), backend="grace", options=options)
+    for i in range(6):
+        x = torch.randn(6, 4, device="cuda")[i % 2:i % 2 + 4]  # at another offset every other call
+        y, row, same, z = viewed(x)
         torch.testing.assert_close(y, x * 2)
-        assert row.data_ptr() == x.data_ptr()
-    assert grace.REPORTS[-1].call_path.startswith("not lean: "), grace.REPORTS[-1].call_path
+        torch.testing.assert_close(z, (x * 3).t()[1:])
+        assert row.data_ptr() == x[1].data_ptr() and same is x
+    assert grace.REPORTS[-1].call_path == "lean", grace.REPORTS[-1].call_path
 
 
 @torch.no_grad()

@@ -46,16 +46,63 @@ def test_once_a_call_shows_the_route_calls_go_straight_to_the_partition(cpu_grap
     assert stats.status == "captured" and stats.replays == 5
 
 
-def test_a_graph_output_the_partition_did_not_make_keeps_the_wrappers(cpu_graphs):
+def test_outputs_that_are_arguments_or_views_are_made_again_from_each_calls_tensors(cpu_graphs):
+    """AOTAutograd's wrappers hand back an argument itself, and views of an argument or of a partition
+    output made again on each call; the lean path does the same, on that call's tensors."""
     part, stats = _part(_partition_fn([]), static={1})
     compiled, through_wrappers = _wrapped(part, outputs=lambda result: [result[0].view(2, 2)])
+
+    def compiled_with_aliases(*args):  # Dynamo calls f(w, x)
+        (y,) = compiled(*args)
+        return [args[1], y.t()[1:], args[1][2:], y]
+    call, paths = _lean(part, stats, compiled_with_aliases, outputs=4)
+    w = torch.full((4,), 2.0)
+    for i in range(5):
+        x = torch.randn(8)[i % 3:i % 3 + 4]  # at another offset in its storage each call
+        same, view, arg_view, y = call(w, x)
+        expected = (x * w + 1).view(2, 2)
+        assert same is x
+        torch.testing.assert_close(view, expected.t()[1:])
+        torch.testing.assert_close(arg_view, x[2:])
+        torch.testing.assert_close(y, expected)
+        # views of this call's tensors, as the wrappers' are
+        assert view.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+        arg_view.add_(1)
+        torch.testing.assert_close(x[2:], arg_view)
+        del same, view, arg_view, y
+    assert paths == ["lean"] and len(through_wrappers) == 1
+    assert stats.status == "captured" and stats.replays == 4
+
+
+@pytest.mark.parametrize("outputs, why", [
+    (lambda result: [torch.ones(2)], "nor a view of one or of an argument"),  # a constant
+    (lambda result: [result[0].view(torch.int32)], "nor a view of one or of an argument"),  # another dtype
+    (lambda result: [result[0].clone()], "nor a view of one or of an argument"),  # a copy
+])
+def test_a_graph_output_that_is_no_view_of_the_calls_tensors_keeps_the_wrappers(cpu_graphs, outputs, why):
+    part, stats = _part(_partition_fn([]), static={1})
+    compiled, through_wrappers = _wrapped(part, outputs=outputs)
     call, paths = _lean(part, stats, compiled)
     w = torch.full((4,), 2.0)
     for i in range(5):
         x = torch.randn(4)
-        torch.testing.assert_close(call(w, x)[0], (x * w + 1).view(2, 2))
+        torch.testing.assert_close(call(w, x)[0], outputs([x * w + 1])[0])
     assert len(through_wrappers) == 5
-    assert paths == ["not lean: a graph output is not one of the partition's outputs (an input, a view or a constant)"]
+    assert paths == [f"not lean: a graph output is not one of the partition's outputs, {why}"]
+
+
+def test_a_view_output_of_a_graph_with_sizes_keeps_the_wrappers(cpu_graphs):
+    """Its shape may follow the sizes, so one seen on a watched call says nothing of the next."""
+    part, stats = _part(_scaled_rows, static={1})
+    compiled, through_wrappers = _wrapped(part, inputs=lambda args: [args[1], args[2], args[0]],
+                                          outputs=lambda result: [result[0][1:]])
+    call, paths = _lean(part, stats, compiled, graph_inputs=(1, 2, 0))
+    w = torch.full((4,), 2.0)
+    for n in (3, 5, 3, 5, 2, 3):
+        x = torch.randn(6, 4)
+        torch.testing.assert_close(call(n, x, w)[0], (x[:n] * w)[1:])
+    assert len(through_wrappers) == 6
+    assert paths == ["not lean: a graph output is not one of the partition's outputs, in a graph with sizes"]
 
 
 def test_a_partition_input_the_wrappers_made_keeps_the_wrappers(cpu_graphs):
