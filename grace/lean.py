@@ -108,16 +108,35 @@ def route(candidate: Candidate, args: tuple, calls: list, returned: Any) -> Rout
 def _view(t: torch.Tensor, args: tuple, result: list) -> Alias | None:
     """`t` as a view of a Dynamo argument or of a partition output: one with its storage, device and dtype
     (a view in another dtype is not a strided view of it). Arguments first: a partition output may view
-    its input, which a replay reads from the recording's buffer, not from the argument."""
+    its input, which a replay reads from the recording's buffer, not from the argument. Two arguments
+    with its storage (views of one tensor, which a later call may pass apart) leave it unknown."""
     storage = t.untyped_storage().data_ptr()
     if not storage:  # no memory of its own to tell it by
         return None
-    bases = [(True, i, a) for i, a in enumerate(args)] + [(False, j, b) for j, b in enumerate(result)]
-    for of_argument, i, base in bases:
-        if (isinstance(base, torch.Tensor) and base.device == t.device and base.dtype == t.dtype
-                and base.untyped_storage().data_ptr() == storage):
-            return Alias(of_argument, i, (tuple(t.shape), tuple(t.stride()), t.storage_offset() - base.storage_offset()))
-    return None
+
+    def sharing(tensors: Any) -> list[tuple[int, torch.Tensor]]:
+        return [(i, b) for i, b in enumerate(tensors) if isinstance(b, torch.Tensor) and b.device == t.device
+                and b.dtype == t.dtype and b.untyped_storage().data_ptr() == storage and _within(t, b)]
+    arguments = sharing(args)
+    if len(arguments) > 1:
+        return None
+    of_argument = bool(arguments)
+    bases = arguments or sharing(result)
+    if not bases:
+        return None
+    i, base = bases[0]
+    return Alias(of_argument, i, (tuple(t.shape), tuple(t.stride()), t.storage_offset() - base.storage_offset()))
+
+
+def _within(t: torch.Tensor, base: torch.Tensor) -> bool:
+    """Whether every element of `t` lies in `base`'s span of its storage: made again from another call's
+    base, it then reads that base's memory, never past its storage."""
+    def span(x: torch.Tensor) -> tuple[int, int]:
+        return x.storage_offset(), x.storage_offset() + sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
+    if t.numel() == 0 or base.numel() == 0:
+        return False
+    (lo, hi), (base_lo, base_hi) = span(t), span(base)
+    return base_lo <= lo and hi <= base_hi
 
 
 def _passed_on(candidate: Candidate, args: tuple, part_args: list, where: dict[int, int], i: int) -> bool:

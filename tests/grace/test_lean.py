@@ -91,6 +91,44 @@ def test_a_graph_output_that_is_no_view_of_the_calls_tensors_keeps_the_wrappers(
     assert paths == [f"not lean: a graph output is not one of the partition's outputs, {why}"]
 
 
+def test_a_view_of_one_of_two_arguments_that_share_memory_keeps_the_wrappers(cpu_graphs):
+    """Dynamo calls f(w, x, v) with x and v overlapping views of one tensor on the watched calls; a view
+    of v within both cannot be told from one of x, and a later call may pass them apart."""
+    part, stats = _part(_partition_fn([]), static={1})
+    compiled, through_wrappers = _wrapped(part)
+
+    def compiled_with_a_view(*args):
+        (y,) = compiled(*args)
+        return [y, args[2][:2]]
+    call, paths = _lean(part, stats, compiled_with_a_view, outputs=2)
+    w = torch.full((4,), 2.0)
+    for i in range(lean.WATCHED + 2):
+        base = torch.randn(8)
+        x, v = base[:4], (base[2:6] if i < lean.WATCHED else torch.randn(4))
+        torch.testing.assert_close(call(w, x, v)[1], v[:2])
+    assert len(through_wrappers) == lean.WATCHED + 2
+    assert paths == ["not lean: a graph output is not one of the partition's outputs, nor a view of one or of an argument"]
+
+
+def test_a_view_past_its_bases_span_keeps_the_wrappers(cpu_graphs):
+    """The argument x is half of a tensor, and the output reaches into the other half: made again from
+    another call's x, it could read past that x's storage."""
+    part, stats = _part(_partition_fn([]), static={1})
+    compiled, through_wrappers = _wrapped(part)
+
+    def compiled_past_x(*args):
+        (y,) = compiled(*args)
+        x = args[1]
+        return [y, x.as_strided((6,), (1,), x.storage_offset())]
+    call, paths = _lean(part, stats, compiled_past_x, outputs=2)
+    w = torch.full((4,), 2.0)
+    for i in range(lean.WATCHED + 1):
+        base = torch.randn(8)
+        torch.testing.assert_close(call(w, base[:4])[1], base[:6])
+    assert len(through_wrappers) == lean.WATCHED + 1
+    assert paths == ["not lean: a graph output is not one of the partition's outputs, nor a view of one or of an argument"]
+
+
 def test_a_view_output_of_a_graph_with_sizes_keeps_the_wrappers(cpu_graphs):
     """Its shape may follow the sizes, so one seen on a watched call says nothing of the next."""
     part, stats = _part(_scaled_rows, static={1})
