@@ -37,6 +37,9 @@ MOVES_BEFORE_COPY = 3  # an in-place input that moved this often at one set of s
                        # at all sizes; moves at different sizes (twins upstream, per size) do not add up
 KEEP = 64  # recordings kept per set of sizes: one per call site (each layer of those that share a graph), and twins
 TWINS = 2  # recordings per set of sizes and in-place addresses: one may be replayed while the other's outputs are held
+HELD_LOOKS = 16  # calls in a row whose recordings' outputs were all held; from then on, only every such call
+                 # looks again (a caller that keeps every output, as an eval loop collecting them does,
+                 # would pay the held test of each twin on every call that runs without a graph anyway)
 ALIGNMENT = 16  # bytes: Inductor's kernels assume inputs this aligned
 CALLER_CAPTURE = "called inside the caller's own CUDA-graph capture: ran as compiled, into the caller's graph"
 
@@ -97,6 +100,7 @@ class PartitionGraph:
         self.warmed: dict[tuple, None] = {}  # sizes seen once (warm-up), oldest first: the next call at them records
         self.sizes = 0  # sets of sizes called at, over its life
         self.declined: set[tuple] = set()  # sizes SCG runs without a graph (their recording freed)
+        self.held: dict[tuple, int] = {}  # per set of sizes: calls in a row with every output held (HELD_LOOKS)
         self.seen: list | None = None  # while grace.lean watches a call: each call's arguments and result
         # inputs in lists or tuples: per input, the spec of its nesting or None (adapter.tree_flatten);
         # False: none; None: not called yet. With them, the runtime works on the leaves (_unnest)
@@ -117,6 +121,7 @@ class PartitionGraph:
             self.recordings.clear()
             self.warmed.clear()
             self.declined.clear()
+            self.held.clear()
             self.stats.kept = 0
 
     def _eager(self, args: list, reason: str | None = None, final: bool = False) -> Any:
@@ -350,6 +355,10 @@ class PartitionGraph:
             recordings = self.recordings[key] = []
         if key in self.declined:
             return self._eager(args)  # SCG decided for these sizes
+        kept = self.held.get(key, 0)
+        if kept >= HELD_LOOKS and kept % HELD_LOOKS:  # the caller keeps every output: look again later
+            self.held[key] = kept + 1
+            return self._eager(args)
         here = self._here(recordings, args)
         recording, held = None, None
         for r in here:  # the first whose outputs the caller no longer holds
@@ -358,8 +367,11 @@ class PartitionGraph:
                 recording = r
                 break
         if recording is None and len(here) >= TWINS:
+            self.held[key] = kept + 1
             return self._eager(args, "outputs of the previous replays were still held by the caller "
                                      f"({here[-1].describe_output(held)})")
+        if kept:
+            del self.held[key]
         if recording is None:
             with rec.on_device_of(args):  # capture, PI's check and SCG's timings on the partition's device
                 recording = self._record(key, args, twin=bool(here))

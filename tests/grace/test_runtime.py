@@ -164,6 +164,42 @@ def test_runtime_replays_a_twin_while_outputs_are_held_and_never_overwrites_them
     torch.testing.assert_close(y4, xs[3] * w + 1)
 
 
+def test_a_caller_that_keeps_every_output_is_looked_at_only_now_and_then_and_replays_once_it_lets_go(
+        cpu_graphs, monkeypatch):
+    """An eval loop that collects every output: after HELD_LOOKS calls in a row with every recording's
+    outputs held, the held test runs only every HELD_LOOKS-th call; once the caller lets go, a replay
+    comes within that many calls, and no kept output is ever written over."""
+    looks = []
+    held_output = recording.Recording.held_output
+    monkeypatch.setattr(recording.Recording, "held_output", lambda self: looks.append(1) or held_output(self))
+    part, stats = _part(_partition_fn([]), static={1})
+    w, kept = torch.ones(4), []
+    n = runtime.HELD_LOOKS * 4
+    for i in range(n):
+        x = torch.randn(4)
+        (y,) = part([x, w])
+        kept.append((x, y))
+        del y
+    for x, y in kept:  # none written over
+        torch.testing.assert_close(y, x * w + 1)
+    held_calls = n - 3  # after the warm-up, the recording and its twin (each replayed once)
+    assert stats.replays == 2 and stats.eager_calls == held_calls
+    # the twin's call looked at the first recording; then each twin on every held call of the first
+    # HELD_LOOKS, and from then on on one call in HELD_LOOKS
+    assert len(looks) == 1 + 2 * (runtime.HELD_LOOKS + (held_calls - 1) // runtime.HELD_LOOKS), len(looks)
+    kept.clear()
+    for i in range(runtime.HELD_LOOKS):
+        x = torch.randn(4)
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.replays > 2 and stats.recordings == 2
+    # held again: counted from nothing, each call looks
+    looks.clear()
+    kept = [part([torch.randn(4), w]) for _ in range(4)]
+    assert len(looks) == 1 + 1 + 2 + 2, len(looks)  # a free twin, the other, then both on each held call
+
+
 def test_a_loop_that_holds_the_previous_output_replays_every_call(cpu_graphs):
     part, stats = _part(_partition_fn([]), static={1})
     w, y = torch.ones(4), None
