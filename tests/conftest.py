@@ -11,6 +11,16 @@ import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+    # The corpus's jobs meet through lock files in the temporary folder, and two xdist workers' tests
+    # are not one corpus run's jobs (one's timed rounds held the other's calls for a minute): a folder
+    # of their own, for the processes they start too. Inductor's caches stay where they were, shared.
+    import tempfile
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"grace-tests-{os.environ['PYTEST_XDIST_WORKER']}-")
+    tempfile.tempdir = None
 
 from hydra import compose, initialize_config_dir
 
