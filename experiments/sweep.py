@@ -265,35 +265,33 @@ class Sweep:
         nothing of its float64 copy stays on the GPU. A variant left without a check here is checked in its
         setup."""
         checked: dict[str, Float64Check] = {}
-        pending = list(checkers.items())
+        pending = list(checkers)
         for together in (True, False):
-            again = []
-            for group in [pending] if together else [[p] for p in pending]:
+            alone: list[str] = []  # out of memory beside the others: checked again one at a time
+            for group in [pending] if together else [[name] for name in pending]:
                 asked = []
-                for name, worker in group:
+                for name in group:
                     try:
-                        worker.request("check_float64", reference)
-                        asked.append((name, worker))
+                        checkers[name].request("check_float64", reference)
+                        asked.append(name)
                     except WorkerError as e:  # its setup checks again, and says so if it fails there too
-                        log.warning("%s / %s: float64 check not started (%s)", entry.name, worker.variant, e)
-                for name, worker in asked:
+                        log.warning("%s / %s: float64 check not started (%s)", entry.name, checkers[name].variant, e)
+                for name in asked:
                     try:
-                        result = worker.reply()
+                        result = checkers[name].reply()
                     except WorkerError as e:
-                        log.warning("%s / %s: float64 check failed (%s)", entry.name, worker.variant, e)
+                        log.warning("%s / %s: float64 check failed (%s)", entry.name, checkers[name].variant, e)
                         continue
                     if result is None and together:
-                        again.append((name, worker))
-                        continue
-                    if result is not None:
+                        alone.append(name)
+                    elif result is not None:
                         checked[name] = result
-                    worker.ask_to_close()  # done: they exit side by side, their memory the next group's
-                for name, worker in asked:
-                    if (name, worker) not in again:
-                        worker.close()
-            pending = again
-        for worker in checkers.values():
-            worker.close()
+                done = [checkers[name] for name in group if name not in alone]
+                for worker in done:  # asked first: they exit side by side, their memory the next group's
+                    worker.ask_to_close()
+                for worker in done:
+                    worker.close()
+            pending = alone
         log.info("%s: %d of %d float64 checks taken apart after %.0f s", entry.name, len(checked), len(checkers),
                  time.monotonic() - start)
         return checked
