@@ -1,12 +1,13 @@
 """Take the records files a device call brought back (scripts/device_run.sh writes `<experiment
-name>_records.jsonl`) over the committed ones, checking first that each only appends to its committed
-file, so that nothing recorded is lost:
+name>_records.jsonl`) into the committed ones, checking first that each only appends to the file it
+was sent with, so that nothing recorded is lost:
 
     python scripts/take_records.py /work/.device/7
 
 Each goes to results/<experiment name>/<device folder of its newest record>/records.jsonl, before the next
-call, which plans from them. A file that does not start with its committed file's lines is left alone,
-with a one-line error and exit status 1.
+call, which plans from them (calls made one after another on a warm machine may be taken together
+afterwards). A file that does not start as its committed file does, or that rewrites a record, is left
+alone, with a one-line error and exit status 1.
 """
 
 from __future__ import annotations
@@ -32,15 +33,24 @@ def target(returned: Path, results: Path) -> Path:
 
 
 def take(returned: Path, results: Path) -> tuple[Path, int]:
-    """Copy `returned` over its committed file; the number of records it adds."""
+    """Add the records of `returned` that its committed file lacks; the number added.
+
+    A call's file is the committed file as it was sent plus that call's records. When calls ran one after
+    another on a warm machine before any was taken, the committed file has grown since: the lines past the
+    prefix both share are the call's own, and are appended; none if all are there already (taken before),
+    and an error if only some are (the returned file then rewrote a record, not only added some)."""
     to = target(returned, results)
-    new = returned.read_bytes()
-    old = to.read_bytes() if to.exists() else b""
-    if not new.startswith(old):
+    new = returned.read_bytes().splitlines(keepends=True)
+    old = to.read_bytes().splitlines(keepends=True) if to.exists() else []
+    shared = next((i for i, (a, b) in enumerate(zip(new, old)) if a != b), min(len(new), len(old)))
+    added, taken = new[shared:], set(old[shared:])
+    if taken.issuperset(added):  # taken before
+        added = []
+    if (old and not shared) or taken & set(added):
         raise ValueError(f"{returned} does not extend {to}: left alone")
     to.parent.mkdir(parents=True, exist_ok=True)
-    to.write_bytes(new)
-    return to, new.count(b"\n") - old.count(b"\n")
+    to.write_bytes(b"".join(old + added))
+    return to, len(added)
 
 
 def main(argv=None) -> int:

@@ -24,3 +24,22 @@ def test_a_returned_file_replaces_the_committed_one_only_when_it_extends_it(tmp_
     assert take_records.main([str(back), "--results", str(results)]) == 1
     assert committed.read_text().count("\n") == 2
     assert "does not extend" in capsys.readouterr().err
+
+
+def test_calls_taken_after_one_another_each_add_their_own_records(tmp_path):
+    results, first, second = tmp_path / "results", tmp_path / "1", tmp_path / "2"
+    committed = results / "full" / "nvidia-h100-80gb-hbm3" / "records.jsonl"
+    committed.parent.mkdir(parents=True)
+    h100 = "NVIDIA H100 80GB HBM3"
+    committed.write_text(_line(h100, 0))
+    for folder, n in ((first, 1), (second, 2)):  # both sent with the committed file as it was
+        folder.mkdir()
+        (folder / "full_records.jsonl").write_text(_line(h100, 0) + _line(h100, n))
+    assert take_records.main([str(first), "--results", str(results)]) == 0
+    assert take_records.main([str(second), "--results", str(results)]) == 0
+    assert take_records.main([str(second), "--results", str(results)]) == 0  # again: nothing to add
+    assert [json.loads(x)["n"] for x in committed.read_text().splitlines()] == [0, 1, 2]
+
+    (second / "full_records.jsonl").write_text(_line(h100, 0) + _line(h100, 5) + _line(h100, 2))  # a rewrite
+    assert take_records.main([str(second), "--results", str(results)]) == 1
+    assert committed.read_text().count("\n") == 3
