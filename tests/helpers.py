@@ -2,6 +2,8 @@
 
 import os
 
+import torch
+
 from experiments.instrument import pytree
 
 
@@ -18,6 +20,19 @@ def offset_backend(gm, example_inputs):
 def dying_backend(gm, example_inputs):
     """The process dies while compiling, as a segfault in a compiler would."""
     os._exit(3)
+
+
+def frozen_weights_backend(gm, example_inputs):
+    """Reads each parameter as it was on the first call, as a replay that kept a weight's old storage would."""
+    first: dict[int, torch.Tensor] = {}
+
+    def run(*args):
+        for i, a in enumerate(args):
+            if isinstance(a, torch.nn.Parameter):
+                first.setdefault(i, a.detach().clone())
+        return gm(*[first.get(i, a) for i, a in enumerate(args)])
+
+    return run
 
 
 def stale_backend(gm, example_inputs):

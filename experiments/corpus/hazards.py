@@ -7,6 +7,7 @@ the step and the inputs of each call. `compile` is the identity for eager.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import math
@@ -487,3 +488,262 @@ def bfloat16_autocast(device, compile):
         with torch.autocast(device.type, dtype=torch.bfloat16), torch.no_grad():
             return F.layer_norm(f(x), (16,))
     return Program(step, _x(device, 2, 16))
+
+
+# --- Inputs a graph reads where they lie ---------------------------------------------------------
+
+@hazard
+def same_tensor_passed_twice(device, compile):
+    f = compile(lambda a, b: a * 2 + b.sin())
+    return Program(lambda x: f(x, x), _x(device, 8))
+
+
+@hazard
+def overlapping_input_views(device, compile):
+    f = compile(lambda a, b: a * 2 + b)
+    return Program(lambda t: f(t[:-1], t[1:]), _x(device, 9))
+
+
+@hazard
+def transposed_input(device, compile):
+    f = compile(_mlp().to(device))
+    return Program(lambda x: f(x.t()), _x(device, 16, 4))
+
+
+@hazard
+def expanded_input(device, compile):  # stride 0: no copy can be written into it
+    f = compile(lambda a: a * 2 + 1)
+    return Program(lambda x: f(x.expand(4, 8)), _x(device, 1, 8))
+
+
+@hazard
+def empty_batch(device, compile):
+    f = compile(_mlp().to(device))
+    return Program(f, lambda i: _x(device, 0 if i % 2 else 3, 16)(i))
+
+
+@hazard
+def list_and_keyword_inputs(device, compile):
+    f = compile(lambda xs, *, scale: sum(x * scale for x in xs))
+    return Program(lambda x: f([x, x + 1, x * 3], scale=2.0), _x(device, 4, 4))
+
+
+@hazard
+def global_tensor_changed_between_calls(device, compile):
+    scale = torch.ones(1, device=device)
+    f = compile(lambda x: x * scale)
+
+    def step(i, x):
+        scale.fill_(i + 1.0)
+        return f(x)
+    return Program(step, lambda i: (i, _x(device, 4, 4)(i)[0]))
+
+
+# --- Weights the caller changes between calls ----------------------------------------------------
+
+def _changed_at_call_2(device, compile, change) -> Program:
+    """An MLP whose weights `change(model)` alters before call 2: later calls must see the new ones."""
+    model = _mlp().to(device)
+    f = compile(model)
+
+    def step(i, x):
+        if i == 2:
+            change(model)
+        return f(x)
+    return Program(step, lambda i: (i, _x(device, 4, 16)(i)[0]))
+
+
+@hazard
+def weights_loaded_between_calls(device, compile):  # copied in place: the same storages
+    return _changed_at_call_2(device, compile, lambda m: m.load_state_dict(
+        {k: torch.randn_like(v) for k, v in m.state_dict().items()}))
+
+
+@hazard
+def parameter_data_swapped(device, compile):  # the same Parameter over a new storage
+    return _changed_at_call_2(device, compile, lambda m: setattr(m[0].weight, "data", m[0].weight.data * 3))
+
+
+@hazard
+def parameter_reassigned(device, compile):
+    return _changed_at_call_2(device, compile,
+                              lambda m: setattr(m[0], "weight", nn.Parameter(m[0].weight.detach() * 3)))
+
+
+class _Counted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.steps += 1
+        with torch.no_grad():
+            self.lin.weight.clamp_(-0.2, 0.2)
+        return self.lin(x) * self.steps
+
+
+@hazard
+def buffer_and_weight_changed_in_forward(device, compile):
+    model = _Counted().to(device)
+    f = compile(model)
+    return Program(lambda x: [f(x), model.steps.clone(), model.lin.weight.clone()], _x(device, 4, 8))
+
+
+# --- Outputs the caller feeds back, keeps or changes ---------------------------------------------
+
+@hazard
+def recurrent_state_fed_back(device, compile):  # call i's output is call i+1's input
+    f = compile(nn.GRUCell(8, 8).to(device))
+    state = {}
+
+    def step(i, x):
+        state["h"] = f(x, state["h"] if i else torch.zeros(4, 8, device=device))
+        return state["h"].clone()
+    return Program(step, lambda i: (i, _x(device, 4, 8)(i)[0]))
+
+
+@hazard
+def states_collected_over_a_loop(device, compile):
+    f = compile(nn.GRUCell(8, 8).to(device))
+
+    def step(x):
+        h, hs = torch.zeros(4, 8, device=device), []
+        for t in range(5):
+            h = f(x[t], h)
+            hs.append(h)
+        return torch.stack(hs)
+    return Program(step, _x(device, 5, 4, 8))
+
+
+@hazard
+def output_changed_in_place_by_the_caller(device, compile):
+    f = compile(_mlp().to(device))
+
+    def step(x):
+        y = f(x)
+        y.add_(1)
+        return [y, f(x)]
+    return Program(step, _x(device, 4, 16))
+
+
+@hazard
+def outputs_of_python_values(device, compile):
+    pair = collections.namedtuple("pair", "a b")
+    f = compile(lambda x: {"p": pair(x * 2, x.sum()), "none": None, "n": x.shape[0], "k": 1.5})
+    return Program(lambda x: (lambda o: [o["p"].a, o["p"].b, o["n"], o["k"], o["none"]])(f(x)), _x(device, 4, 4))
+
+
+@hazard
+def slice_of_a_larger_result(device, compile):
+    f = compile(lambda x: (x @ x.t())[:2, 1:])
+    return Program(f, _x(device, 8, 8))
+
+
+@hazard
+def two_sizes_in_one_step(device, compile):
+    f = compile(_mlp().to(device))
+    return Program(lambda x: [f(x), f(x[:2]), f(x)], _x(device, 4, 16))
+
+
+# --- Modes the caller switches between calls -----------------------------------------------------
+
+@hazard
+def train_and_eval_alternating(device, compile):
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)).to(device)
+    f = compile(model)
+
+    def step(i, x):
+        model.train(i % 2 == 0)
+        with torch.no_grad():
+            return [f(x), model[1].running_mean.clone()]
+    return Program(step, lambda i: (i, _x(device, 4, 8)(i)[0]))
+
+
+@hazard
+def grad_mode_alternating(device, compile):
+    f = compile(_mlp().to(device))
+
+    def step(i, x):
+        with torch.set_grad_enabled(i % 2 == 0):
+            return f(x).detach()
+    return Program(step, lambda i: (i, _x(device, 4, 16)(i)[0]))
+
+
+@hazard
+def inference_mode_alternating(device, compile):
+    f = compile(_mlp().to(device))
+
+    def step(i, x):
+        if i % 2:
+            with torch.inference_mode():
+                return f(x).clone()
+        return f(x).detach()
+    return Program(step, lambda i: (i, _x(device, 4, 16)(i)[0]))
+
+
+@hazard
+def forward_hook_changes_output(device, compile):
+    model = _mlp().to(device)
+    model[0].register_forward_hook(lambda module, args, out: out * 0.5)
+    return Program(compile(model), _x(device, 4, 16))
+
+
+# --- Autograd as callers use it ------------------------------------------------------------------
+
+def _gradients(model: nn.Module, backward: Callable[[torch.Tensor], None], kept: list | None = None) -> Callable:
+    def step(y):
+        for p in model.parameters():
+            p.grad = None
+        backward(y)
+        if kept is not None:
+            kept.append(y)
+        return [y.detach()] + [p.grad for p in model.parameters()]
+    return step
+
+
+@hazard
+def backward_twice_with_retained_graph(device, compile):
+    model = _mlp(8).to(device)
+    f = compile(model)
+
+    def twice(y):
+        y.sum().backward(retain_graph=True)
+        y.sum().backward()
+    grads = _gradients(model, twice)
+    return Program(lambda x: grads(f(x)), _x(device, 4, 8))
+
+
+@hazard
+def training_outputs_kept(device, compile):
+    model = _mlp().to(device).train()
+    f = compile(model)
+    grads = _gradients(model, lambda y: y.sum().backward(), kept=[])
+    return Program(lambda x: grads(f(x)), _x(device, 4, 16))
+
+
+class _PartlyFrozen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.no_grad():
+            t = self.a(x)
+        return self.b(x) * t
+
+
+@hazard
+def no_grad_inside_training(device, compile):
+    return _training(_PartlyFrozen(), device, compile, 4, 8)
+
+
+@hazard
+def gradient_of_the_input(device, compile):
+    f = compile(_mlp(8).to(device))
+
+    def step(x):
+        x = x.clone().requires_grad_()
+        f(x).sum().backward()
+        return [x.grad]
+    return Program(step, _x(device, 4, 8))

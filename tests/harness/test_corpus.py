@@ -8,7 +8,7 @@ import torch
 
 from experiments import corpus
 from experiments.corpus.hazards import HAZARDS
-from tests.helpers import offset_backend, stale_backend
+from tests.helpers import frozen_weights_backend, offset_backend, stale_backend
 
 CPU = torch.device("cpu")
 
@@ -178,6 +178,7 @@ def test_grace_replays_each_hazard_right_where_inductor_partitions_it_as_on_a_gp
 @pytest.mark.parametrize("backend, programs", [
     (offset_backend, ["python_float_argument", "training_step", "kv_cache_written_in_place"]),  # off by 0.5
     (stale_backend, ["python_float_argument", "cpu_tensor_input", "shape_changes_every_call"]),  # a stale result
+    (frozen_weights_backend, ["weights_loaded_between_calls", "parameter_data_swapped"]),  # the old weights
 ])
 def test_a_wrong_program_comes_out_mismatch(monkeypatch, backend, programs):
     monkeypatch.setitem(corpus.VARIANTS, "wrong", {"backend": backend})
