@@ -747,3 +747,162 @@ def gradient_of_the_input(device, compile):
         f(x).sum().backward()
         return [x.grad]
     return Program(step, _x(device, 4, 8))
+
+
+# --- Layers and training utilities users reach for -----------------------------------------------
+
+@hazard
+def batch_marked_dynamic(device, compile):
+    f = compile(_mlp().to(device))
+
+    def step(x):
+        torch._dynamo.mark_dynamic(x, 0)
+        return f(x)
+    return Program(step, lambda i: _x(device, 2 + i, 16)(i))
+
+
+@hazard
+def attention_with_a_padding_mask(device, compile):
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).to(device).eval()
+    f = compile(lambda x, mask: mha(x, x, x, key_padding_mask=mask, need_weights=False)[0])
+
+    def inputs(i):
+        mask = torch.zeros(2, 5, dtype=torch.bool)
+        mask[0, 4 - i % 3:] = True
+        return _x(device, 2, 5, 16)(i)[0], mask.to(device)
+    return Program(f, inputs)
+
+
+@hazard
+def lstm(device, compile):
+    model = nn.LSTM(8, 8, num_layers=2, batch_first=True).to(device).eval()
+    f = compile(lambda x: model(x)[0])
+
+    def step(x):
+        with torch.no_grad():
+            return f(x)
+    return Program(step, _x(device, 2, 5, 8))
+
+
+@hazard
+def transformer_with_a_causal_mask_made_inside(device, compile):
+    model = nn.Transformer(16, 2, 1, 1, 32, batch_first=True).to(device).eval()
+
+    def run(src, tgt):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], device=tgt.device)
+        return model(src, tgt, tgt_mask=mask)
+    f = compile(run)
+
+    def step(src, tgt):
+        with torch.no_grad():
+            return f(src, tgt)
+    return Program(step, lambda i: (_x(device, 2, 6, 16)(i)[0], _x(device, 2, 4, 16)(i + 100)[0]))
+
+
+@hazard
+def topk_with_a_changing_k(device, compile):
+    f = compile(lambda x, k: x.topk(k).values)
+    return Program(f, lambda i: (_x(device, 4, 16)(i)[0], 2 + i % 3))
+
+
+@hazard
+def index_add_and_accumulating_index_put(device, compile):
+    def run(x, idx):
+        return torch.zeros(8, x.shape[1], device=x.device).index_add(0, idx, x).index_put((idx,), x, accumulate=True)
+    return Program(compile(run), lambda i: (_x(device, 6, 4)(i)[0], torch.tensor([0, 1, 1, 3, 7, 7]).to(device)))
+
+
+@hazard
+def distribution_in_forward(device, compile):
+    lin = nn.Linear(8, 4).to(device)
+
+    def run(x):
+        mu, log_std = lin(x).chunk(2, -1)
+        return torch.distributions.Normal(mu, log_std.exp()).log_prob(mu)
+    return Program(compile(run), _x(device, 4, 8))
+
+
+@hazard
+def vmap_of_a_functional_call(device, compile):
+    model = _mlp(8).to(device)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    f = compile(lambda x: torch.func.vmap(lambda xi: torch.func.functional_call(model, params, (xi,)))(x))
+    return Program(f, _x(device, 4, 8))
+
+
+@hazard
+def spectral_norm_in_training(device, compile):  # a power iteration's buffers updated on every forward
+    model = nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(8, 8)), nn.Tanh())
+    return _training(model, device, compile, 4, 8)
+
+
+@hazard
+def backward_hook(device, compile):
+    model = _mlp(8)
+    model[2].register_full_backward_hook(lambda module, grad_in, grad_out: (grad_in[0] * 2,))
+    return _training(model, device, compile, 4, 8)
+
+
+@hazard
+def mixed_precision_with_a_grad_scaler(device, compile):
+    model = _mlp().to(device).train()
+    f = compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler(device.type, init_scale=256.0)
+
+    def step(x):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = f(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return [loss.detach()] + [p.detach().clone() for p in model.parameters()]
+    return Program(step, _x(device, 4, 16), compare="norm")
+
+
+@hazard
+def compiled_optimizer_with_a_schedule(device, compile):  # a Python float lr that changes every step
+    model = _mlp().to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    opt_step = compile(opt.step)
+
+    def step(x):
+        opt.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        opt_step()
+        schedule.step()
+        return [p.detach().clone() for p in model.parameters()]
+    return Program(step, _x(device, 4, 16), compare="norm")
+
+
+@hazard
+def gradients_clipped(device, compile):
+    model = _mlp(8).to(device)
+    f = compile(model)
+
+    def step(x):
+        model.zero_grad(set_to_none=True)
+        f(x).pow(2).sum().backward()
+        return [nn.utils.clip_grad_norm_(model.parameters(), 0.1)] + [p.grad for p in model.parameters()]
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def weights_averaged_in_place(device, compile):  # an EMA of the weights, under no_grad
+    model, average = _mlp(8).to(device), _mlp(8).to(device)
+
+    @torch.no_grad()
+    def update(decay):
+        for a, p in zip(average.parameters(), model.parameters()):
+            a.mul_(decay).add_(p, alpha=1 - decay)
+    f = compile(update)
+
+    def step(x):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(x.mean())
+        f(0.9)
+        return [a.clone() for a in average.parameters()]
+    return Program(step, _x(device, 4))
