@@ -261,7 +261,8 @@ class Recording:
                  and (fresh_outputs is True or j in fresh_outputs)] if fresh_outputs else []
         self.fresh = fresh or None  # positions: a training forward's few among its many saved activations
         self.storages = adapter.storage_handles(self.tensors)
-        self.baseline = adapter.references(self.tensors, self.storages)
+        self.storage_objects = adapter.storage_objects(self.tensors)
+        self.baseline = adapter.references(self.tensors, self.storages, self.storage_objects)
         OUTPUTS.update({t.data_ptr(): t for t in self.tensors})
 
     def _elsewhere(self, args: list, i: int) -> bool:
@@ -328,7 +329,7 @@ class Recording:
     def held_output(self) -> int | None:
         """The first output with more references than right after capture (fewer is fine: the count then
         included temporaries), or None: a replay would overwrite an output the caller holds."""
-        now = adapter.references(self.tensors, self.storages)
+        now = adapter.references(self.tensors, self.storages, self.storage_objects)
         if now == self.baseline:
             return None
         return next((k for k in range(len(self.tensors)) if any(n[k] > b[k] for n, b in zip(now, self.baseline))),

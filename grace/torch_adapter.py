@@ -233,13 +233,22 @@ def storage_weak_ref(t: torch.Tensor):
     return StorageWeakRef(t.untyped_storage())
 
 
-def references(tensors: list[torch.Tensor], storages: list[int]) -> tuple[list[int], list[int], list[int]]:
-    """Python references, TensorImpl references and storage references, each a list over the tensors: if
-    any grows, some other code holds the tensor, its impl (autograd's saved tensors) or a view of its
-    storage. Always call it the same way: the counts include this function's own references. (Three
-    maps over C functions: a graph may have thousands of outputs, and this runs on every call.)"""
+def storage_objects(tensors: list[torch.Tensor]) -> list:
+    """The Python objects of the tensors' storages. Torch keeps one per storage once made, and it holds a
+    use of the storage for good: a caller who keeps only `y.untyped_storage()` shows in its Python
+    references alone."""
+    return [t.untyped_storage() for t in tensors]
+
+
+def references(tensors: list[torch.Tensor], storages: list[int],
+               objects: list) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Python references, TensorImpl references, storage references and Python references to the
+    storages' objects (storage_handles, storage_objects), each a list over the tensors: if any grows, some
+    other code holds the tensor, its impl (autograd's saved tensors), a view of its storage or the storage
+    itself. Always call it the same way: the counts include this function's own references. (Four maps
+    over C functions: a graph may have thousands of outputs, and this runs on every call.)"""
     return (list(map(sys.getrefcount, tensors)), list(map(torch.Tensor._use_count, tensors)),
-            list(map(torch._C._storage_Use_Count, storages)))
+            list(map(torch._C._storage_Use_Count, storages)), list(map(sys.getrefcount, objects)))
 
 
 def has_internal_overlap(t: torch.Tensor) -> bool:

@@ -200,6 +200,23 @@ def test_a_caller_that_keeps_every_output_is_looked_at_only_now_and_then_and_rep
     assert len(looks) == 1 + 1 + 2 + 2, len(looks)  # a free twin, the other, then both on each held call
 
 
+@pytest.mark.parametrize("keep", [lambda y: y.untyped_storage(), lambda y: y[1:], lambda y: y.detach()])
+def test_an_output_held_by_its_storage_or_a_view_alone_is_not_replayed_over(cpu_graphs, keep):
+    """Torch keeps a storage's Python object, and a use of the storage with it, once anyone asked for
+    it: a caller that keeps `y.untyped_storage()` alone adds no use, only Python references to it."""
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.ones(4)
+    for _ in range(3):  # warm-up, recorded, replayed
+        part([torch.randn(4), w])
+    x = torch.randn(4)
+    (y,) = part([x, w])
+    kept = keep(y)
+    del y
+    part([torch.randn(4), w])
+    storage = kept if isinstance(kept, torch.UntypedStorage) else kept.untyped_storage()
+    torch.testing.assert_close(torch.empty(0).set_(storage), x * w + 1)
+
+
 def test_a_loop_that_holds_the_previous_output_replays_every_call(cpu_graphs):
     part, stats = _part(_partition_fn([]), static={1})
     w, y = torch.ones(4), None
