@@ -627,6 +627,75 @@ def output_changed_in_place_by_the_caller(device, compile):
     return Program(step, _x(device, 4, 16))
 
 
+def _first_kept_by(device, compile, keep: Callable[[torch.Tensor], Any],
+                   unkeep: Callable[[Any, torch.Size], torch.Tensor]) -> Program:
+    """The caller keeps the first call's output only by what `keep` gives (a view, the storage), calls
+    again, then reads the first output back through `unkeep`."""
+    f = compile(lambda x: x * 2 + 1)
+
+    def step(x):
+        y = f(x)
+        kept, shape = keep(y), y.shape
+        del y
+        second = f(x + 10)
+        return [unkeep(kept, shape), second]
+    return Program(step, _x(device, 4, 4))
+
+
+@hazard
+def view_of_an_output_kept(device, compile):
+    return _first_kept_by(device, compile, lambda y: y[1:3], lambda kept, shape: kept)
+
+
+@hazard
+def storage_of_an_output_kept(device, compile):
+    return _first_kept_by(device, compile, lambda y: y.untyped_storage(),
+                          lambda kept, shape: torch.empty(0, device=device).set_(kept).view(shape))
+
+
+@hazard
+def output_shared_through_dlpack(device, compile):
+    return _first_kept_by(device, compile, lambda y: torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(y)),
+                          lambda kept, shape: kept)
+
+
+@hazard
+def outputs_fed_forward_and_kept(device, compile):  # each output is the next call's input, all kept
+    f = compile(lambda x: x * 0.5 + 1)
+
+    def step(x):
+        ys = [x]
+        for _ in range(4):
+            ys.append(f(ys[-1]))
+        return ys
+    return Program(step, _x(device, 4, 4))
+
+
+@hazard
+def output_written_then_passed_back(device, compile):
+    f = compile(lambda x, y: x * 2 + y)
+
+    def step(x):
+        y = f(x, x)
+        y[0] = 100.0
+        return [y, f(y, x)]
+    return Program(step, _x(device, 4, 4))
+
+
+@hazard
+def two_forwards_before_backward(device, compile):  # the first forward's saved activations must survive
+    model = _mlp(8).to(device).train()
+    f = compile(model)
+
+    def step(x):
+        for p in model.parameters():
+            p.grad = None
+        a, b = f(x), f(x * 2)
+        (a.pow(2).sum() + b.sum()).backward()
+        return [a.detach(), b.detach()] + [p.grad for p in model.parameters()]
+    return Program(step, _x(device, 4, 8))
+
+
 @hazard
 def outputs_of_python_values(device, compile):
     pair = collections.namedtuple("pair", "a b")
