@@ -12,8 +12,8 @@ variant=[inductor,grace,runtime,cgct]`), each part a session with the same ancho
 
 A session's workers are set up one after another, so its time is counted per worker: the latest whole
 session of the workload on this machine, else on another, scaled by the most this machine was slower on a
-workload both measured; never less than a session stopped here ran. Once this code has run a session on
-this machine, only this code's sessions count here. The call takes the longest that fit
+workload both measured; never less than a session stopped here ran. Only the sessions of the newest code
+that ran on this machine count there. The call takes the longest that fit
 (first fit, decreasing), then one more whose end does not matter (the sweep measures a workload its time
 ran out on again, whole): one never measured, else the shortest left. Where none fits, one never measured
 goes alone, by `fig9`; with `--fit`, only those that fit. A workload whose `fig9` set or one ablation
@@ -147,9 +147,10 @@ def main(argv=None) -> int:
     store = RecordStore(args.results / here / "records.jsonl")
     mine = store.load()
     final, newest = store.final_keys(code=env.code), latest(mine)
-    # once this code has run a session here, other codes' sessions here no longer count: a change of the
-    # harness (the float64 checks side by side) may have halved them
-    now = [r for r in mine if r.env.get("code") == env.code] or mine
+    # only the sessions here of the newest code that ran here count: a change of the harness (the float64
+    # checks side by side) halved them, and a code that has not run here yet is most like the last one
+    last_code = mine[-1].env.get("code") if mine else None
+    now = [r for r in mine if r.env.get("code") == last_code]
     took_here, stopped = per_worker(now), per_worker(now, stopped=True)
     took_there: dict[tuple, float] = {}
     for f in sorted(args.results.glob("*/records.jsonl")):

@@ -141,7 +141,7 @@ def test_what_is_left_of_a_call_does_not_split_a_workload_that_a_whole_call_hold
     assert capsys.readouterr().out.split()[:2] == ["full", "workload=ALNET"]
 
 
-def test_once_this_code_ran_here_only_its_sessions_count_here(tmp_path, gpu, capsys):
+def test_only_the_newest_code_that_ran_here_counts_here(tmp_path, gpu, capsys):
     env, here, there = gpu
     older = dataclasses.replace(env, code="0" * 12)
     sets = _sets()
@@ -149,7 +149,8 @@ def test_once_this_code_ran_here_only_its_sessions_count_here(tmp_path, gpu, cap
     _session(here, older, *eos, sets["full"], "s1", 300.0, status="interrupted")  # 30 s a worker, cut
     _session(there, env, *eos, sets["full"], "s2", 50.0)
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100", "--fit"]) == 1  # 300 s of it
-    _session(here, env, *dlrm, sets["full"], "s3", 40.0)  # this code, here: as fast as there
+    newer = dataclasses.replace(env, code="1" * 12)  # a newer code than the 0s, not yet this one
+    _session(here, newer, *dlrm, sets["full"], "s3", 40.0)  # here as fast as there
     _session(there, env, *dlrm, sets["full"], "s4", 40.0)
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100", "--fit"]) == 0
-    assert capsys.readouterr().out.split()[:2] == ["full", "workload=EOS"]
+    assert capsys.readouterr().out.split()[:2] == ["full", "workload=EOS,DLRM"]  # 50 s and 40 s
