@@ -210,6 +210,23 @@ def test_outputs_still_held_are_not_overwritten_by_the_next_call():
     assert stats.recordings == 2 and stats.replays == 2 and stats.eager_calls == 1 and "still held" in stats.reason
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("keep", [lambda y: y.untyped_storage(), lambda y: y[1:]])
+def test_an_output_held_by_its_storage_or_a_view_alone_is_not_overwritten(keep):
+    torch.compiler.reset()
+    model = _mlp()
+    compiled = torch.compile(model, backend="grace", options=RUNTIME)
+    for _ in range(3):  # warm-up, recorded, replayed
+        compiled(torch.randn(16, 32, device="cuda"))
+    x = torch.randn(16, 32, device="cuda")
+    y = compiled(x)
+    kept, where = keep(y), (y.storage_offset(), y.shape, y.stride())
+    del y
+    compiled(torch.randn(16, 32, device="cuda"))
+    storage = kept if isinstance(kept, torch.UntypedStorage) else kept.untyped_storage()
+    torch.testing.assert_close(torch.empty(0, device="cuda").set_(storage, *where), model(x))
+
+
 def test_inference_in_grad_mode_replays_once_the_caller_drops_the_result():
     """The forward of a training graph, its result detached and dropped: the activations it saved are
     freed with it, and each call replays (they looked held for ever when a replay returned the
