@@ -108,17 +108,19 @@ def route(candidate: Candidate, args: tuple, calls: list, returned: Any) -> Rout
 def _view(t: torch.Tensor, args: tuple, result: list) -> Alias | None:
     """`t` as a view of a Dynamo argument or of a partition output: one with its storage, device and dtype
     (a view in another dtype is not a strided view of it). Arguments first: a partition output may view
-    its input, which a replay reads from the recording's buffer, not from the argument. Two arguments
-    with its storage (views of one tensor, which a later call may pass apart) leave it unknown."""
+    its input, which a replay reads from the recording's buffer, not from the argument. So `t` in an
+    argument's memory is that argument's strided view or unknown: two arguments hold it (views of one
+    tensor, which a later call may pass apart), or one holds it in another dtype (view_as_real)."""
     storage = t.untyped_storage().data_ptr()
     if not storage:  # no memory of its own to tell it by
         return None
 
-    def sharing(tensors: Any) -> list[tuple[int, torch.Tensor]]:
+    def sharing(tensors: Any, strided: bool = True) -> list[tuple[int, torch.Tensor]]:
         return [(i, b) for i, b in enumerate(tensors) if isinstance(b, torch.Tensor) and b.device == t.device
-                and b.dtype == t.dtype and b.untyped_storage().data_ptr() == storage and _within(t, b)]
-    arguments = sharing(args)
-    if len(arguments) > 1:
+                and b.untyped_storage().data_ptr() == storage
+                and (not strided or b.dtype == t.dtype and _within(t, b))]
+    touching, arguments = sharing(args, strided=False), sharing(args)
+    if len(touching) > 1 or len(arguments) != len(touching):
         return None
     of_argument = bool(arguments)
     bases = arguments or sharing(result)

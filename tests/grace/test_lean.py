@@ -110,6 +110,27 @@ def test_a_view_of_one_of_two_arguments_that_share_memory_keeps_the_wrappers(cpu
     assert paths == ["not lean: a graph output is not one of the partition's outputs, nor a view of one or of an argument"]
 
 
+def test_an_output_in_an_arguments_memory_in_another_dtype_keeps_the_wrappers(cpu_graphs):
+    """view_as_real of a copied complex input: the partition's output views its placeholder on a replay,
+    and only the wrappers make it again from the call's argument, as eager returns it."""
+    def as_real(args):
+        (x,) = args
+        args.clear()
+        return (torch.view_as_real(x),)
+    part, stats = _part(as_real)
+
+    def compiled(*args):
+        part([args[0]])
+        return [torch.view_as_real(args[0])]  # AOTAutograd's wrappers regenerate an aliased output so
+    call, paths = _lean(part, stats, compiled)
+    for i in range(lean.WATCHED + 2):
+        x = torch.randn(4, dtype=torch.complex64)
+        (y,) = call(x)
+        assert y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        torch.testing.assert_close(y, torch.view_as_real(x))
+    assert paths == ["not lean: a graph output is not one of the partition's outputs, nor a view of one or of an argument"]
+
+
 def test_a_view_past_its_bases_span_keeps_the_wrappers(cpu_graphs):
     """The argument x is half of a tensor, and the output reaches into the other half: made again from
     another call's x, it could read past that x's storage."""
