@@ -659,6 +659,27 @@ def output_shared_through_dlpack(device, compile):
                           lambda kept, shape: kept)
 
 
+def _written_through(device, compile, view: Callable[[torch.Tensor], torch.Tensor], x) -> Program:
+    """The caller writes into an output that is a view of its input: eager's input changes with it."""
+    f = compile(lambda x: (view(x), x * 2))
+
+    def step(x):
+        y, doubled = f(x)
+        y.mul_(3)
+        return [y, doubled, x]
+    return Program(step, x)
+
+
+@hazard
+def output_view_written_through(device, compile):
+    return _written_through(device, compile, lambda x: x[1:], _x(device, 4, 4))
+
+
+@hazard
+def output_view_in_another_dtype_written_through(device, compile):
+    return _written_through(device, compile, torch.view_as_real, _x(device, 4, 4, dtype=torch.complex64))
+
+
 @hazard
 def outputs_fed_forward_and_kept(device, compile):  # each output is the next call's input, all kept
     f = compile(lambda x: x * 0.5 + 1)
