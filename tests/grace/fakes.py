@@ -31,13 +31,26 @@ def _unowned(t):
     return torch.empty(0, dtype=t.dtype).set_(memory, t.storage_offset(), t.size(), t.stride())
 
 
+def _on_argument(out, copies, graph_args):
+    """`out` as a capture leaves it: an output in an argument's copy is that argument, or its view (a
+    capture runs nothing, so what it returns of an input is the input's own memory)."""
+    if not isinstance(out, torch.Tensor):
+        return out
+    for c, a in zip(copies, graph_args):
+        if isinstance(c, torch.Tensor) and out.untyped_storage().data_ptr() == c.untyped_storage().data_ptr():
+            offset = a.storage_offset() + out.storage_offset() - c.storage_offset()
+            return a if out is c else a.as_strided(out.size(), out.stride(), offset)
+    return out
+
+
 def fake_capture(fn, graph_args):
     """Like a CUDA graph: capturing has no effect (here fn runs on copies, the RNG state put back);
     each replay runs on the memory of the arguments it was recorded with (by address: it keeps no
     tensor alive) and writes the same output tensors."""
     recorded = [_unowned(a) if isinstance(a, torch.Tensor) else a for a in graph_args]
     rng = torch.get_rng_state()
-    outputs = fn([a.clone() if isinstance(a, torch.Tensor) else a for a in graph_args])
+    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in graph_args]
+    outputs = [_on_argument(o, copies, graph_args) for o in fn(list(copies))]
     torch.set_rng_state(rng)
 
     def replay():

@@ -260,6 +260,26 @@ def test_a_written_input_that_keeps_moving_is_copied_in_and_back(cpu_graphs, kep
     assert stats.kept == 1  # those that read it in place are let go
 
 
+def _doubled_in_place_returned(args):
+    """A partition that writes its input and returns it (`x.mul_(2)` returned): Inductor's convention."""
+    (x,) = args
+    args.clear()
+    return (x.mul_(2), x[1:])
+
+
+def test_a_written_input_that_the_partition_returns_is_the_callers_tensor_once_copied(cpu_graphs):
+    """Once the input kept moving it is copied in and back; what the partition returns of it is then the
+    caller's tensor again (eager's `x.mul_(2)` is x), not the placeholder the next call overwrites."""
+    part, stats = _part(_doubled_in_place_returned, mutated={0})
+    for i, x in enumerate(torch.randn(4) for _ in range(8)):
+        before = x.clone()
+        y, tail = part([x])
+        assert y is x and tail.untyped_storage().data_ptr() == x.untyped_storage().data_ptr(), i
+        torch.testing.assert_close(x, before * 2)
+        torch.testing.assert_close(tail, x[1:])
+    assert stats.moving_inputs == 1 and stats.replays == 7
+
+
 def test_an_upstream_graphs_output_that_keeps_moving_is_copied(cpu_graphs, monkeypatch):
     """Another graph's output is read in place; when it keeps moving (each recording upstream has its
     own outputs, and a chain of partitions multiplied the recordings) it is copied from then on."""
