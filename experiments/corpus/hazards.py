@@ -681,6 +681,20 @@ def output_view_in_another_dtype_written_through(device, compile):
 
 
 @hazard
+def input_written_and_returned(device, compile):  # `x.mul_(2)` returned is x: writing it writes x
+    f = compile(lambda x: x.mul_(2))
+
+    def step(x):
+        out = []
+        for k in range(4):  # a new tensor each call, as a caller's batches are
+            xk = x + k
+            f(xk).add_(1)
+            out.append(xk)
+        return out
+    return Program(step, _x(device, 4, 4))
+
+
+@hazard
 def outputs_fed_forward_and_kept(device, compile):  # each output is the next call's input, all kept
     f = compile(lambda x: x * 0.5 + 1)
 
