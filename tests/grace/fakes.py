@@ -52,10 +52,13 @@ def fake_capture(fn, graph_args):
     copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in graph_args]
     outputs = [_on_argument(o, copies, graph_args) for o in fn(list(copies))]
     torch.set_rng_state(rng)
+    # what a replay writes: not an argument's memory (a written argument is written through `recorded`)
+    arguments = {a.untyped_storage().data_ptr() for a in graph_args if isinstance(a, torch.Tensor)}
+    own = [isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in arguments for o in outputs]
 
     def replay():
-        for out, fresh in zip(outputs, fn(list(recorded))):
-            if isinstance(out, torch.Tensor):
+        for out, written, fresh in zip(outputs, own, fn(list(recorded))):
+            if written:
                 out.copy_(fresh)
 
     return recording.Captured(replay, outputs, {"kernel": 1}, None)
