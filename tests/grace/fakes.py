@@ -38,8 +38,11 @@ def _on_argument(out, copies, graph_args):
         return out
     for c, a in zip(copies, graph_args):
         if isinstance(c, torch.Tensor) and out.untyped_storage().data_ptr() == c.untyped_storage().data_ptr():
-            offset = a.storage_offset() + out.storage_offset() - c.storage_offset()
-            return a if out is c else a.as_strided(out.size(), out.stride(), offset)
+            if out is c:
+                return a
+            start = (a.storage_offset() - c.storage_offset()) * a.element_size()  # bytes: out may be another dtype
+            offset = (start + out.storage_offset() * out.element_size()) // out.element_size()
+            return torch.empty(0, dtype=out.dtype).set_(a.untyped_storage(), offset, out.size(), out.stride())
     return out
 
 
