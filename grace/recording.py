@@ -248,10 +248,11 @@ class Recording:
                 outputs[j] = None
             self.outputs = outputs if isinstance(self.outputs, list) else tuple(outputs)
         self.tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in callers]
-        # An output that is a written copied input or its view is returned as the call's own tensor (the
+        # An output that is a written copied input or its view is returned as the call's own tensor too (the
         # copy back makes it hold what the placeholder does), as eager returns it: the placeholder is the
-        # next call's, and writing into it would not write the caller's tensor
-        self.returned_copies = passed_through(outputs, graph_args, [i for i, _ in self.written])
+        # next call's, and writing into it would not write the caller's tensor. Its placeholder stays among
+        # the outputs, for PI to see what the partition returns.
+        self.passed += passed_through(outputs, graph_args, [i for i, _ in self.written])
         # fresh_outputs (True: all, as a backward graph's; or those at the positions given, a training
         # forward's outputs that reach the caller): each replay returns new tensor objects over the graph's
         # output memory, not the ones kept here. Autograd takes a parameter's first gradient as it is only
@@ -344,8 +345,7 @@ class Recording:
         return f"output {k}: {describe(self.tensors[k])}"
 
     def replay(self, args: list) -> Any:
-        # before args.clear()
-        passed = [(j, args[i], view) for j, i, view in self.passed + self.returned_copies] or None
+        passed = [(j, args[i], view) for j, i, view in self.passed] if self.passed else None  # before args.clear()
         if self.pi is not None and self.pi_on:
             read = self.pi.point(args)
             if self.pi.passed:  # served inputs the partition returns, where read in place this time
