@@ -1010,3 +1010,84 @@ def weights_averaged_in_place(device, compile):  # an EMA of the weights, under 
         f(0.9)
         return [a.clone() for a in average.parameters()]
     return Program(step, _x(device, 4))
+
+
+# --- Training loops as users write them ----------------------------------------------------------
+
+@hazard
+def train_step_then_eval_each_call(device, compile):  # BatchNorm's two modes, batch sizes 4 and 2
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2)).to(device)
+    f = compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        model.train()
+        opt.zero_grad()
+        loss = f(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        model.eval()
+        with torch.no_grad():
+            y = f(x[:2])
+        return [loss.detach(), y] + [p.detach().clone() for p in model.parameters()]
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def loss_and_logits_kept_over_steps(device, compile):
+    model = _mlp(8).to(device)
+    f = compile(lambda x: (lambda out: (out, out.pow(2).mean()))(model(x)))
+    history = []
+
+    def step(x):
+        model.zero_grad()
+        logits, loss = f(x)
+        loss.backward()
+        history.append(logits)
+        return [h.detach().clone() for h in history[-2:]] + [p.grad.clone() for p in model.parameters()]
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def one_output_returned_twice(device, compile):
+    f = compile(lambda x: (lambda y: (y, y))(x * 2 + 1))
+
+    def step(x):
+        a, b = f(x)
+        a.add_(1)  # b is a: eager's b changes with it
+        return [a, b]
+    return Program(step, _x(device, 4))
+
+
+@hazard
+def nested_compiled_modules(device, compile):
+    inner = _mlp(8).to(device)
+    inner_compiled = compile(inner)
+    head = nn.Linear(8, 2).to(device)
+    f = compile(lambda x: head(inner_compiled(x).relu()))
+
+    def step(x):
+        with torch.no_grad():
+            return [f(x), inner_compiled(x)]
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def compiled_forward_method(device, compile):
+    model = _mlp(8).to(device)
+    model.forward = compile(model.forward)
+
+    def step(x):
+        with torch.no_grad():
+            return model(x)
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def input_requiring_grad_under_no_grad(device, compile):
+    f = compile(_mlp(8).to(device))
+
+    def step(x):
+        with torch.no_grad():
+            return f(x.requires_grad_())
+    return Program(step, _x(device, 4, 8))
