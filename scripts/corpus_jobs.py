@@ -1,7 +1,7 @@
 """The corpus programs this machine has not yet recorded with this code, as Hydra jobs for a multirun:
 the value of `corpus.programs` (one bracketed list of programs per job).
 
-    P=$(python scripts/corpus_jobs.py --per-job 3)
+    P=$(python scripts/corpus_jobs.py --per-job 3)             (or only some: ... --per-job 7 hazards/ timm/)
     python run.py -m experiment=corpus "corpus.programs=$P" hydra/launcher=joblib hydra.launcher.n_jobs=14
 
 Each job gets at most one heavy program (detection, video, optical flow, the largest classifiers,
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments
 
-from experiments.corpus import PROGRAMS, recorded, where  # noqa: E402
+from experiments.corpus import recorded, select, where  # noqa: E402
 
 HEAVY = ("rcnn", "retina", "fcos", "ssd", "raft", "mc3", "mvit", "r2plus1d", "r3d", "s3d", "swin3d", "train/",
          "generate", "densenet", "efficientnet_b", "efficientnet_v2", "maxvit", "swin", "vit_h", "vit_l",
@@ -42,10 +42,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("results/corpus"))
     p.add_argument("--per-job", type=int, default=3)
+    p.add_argument("only", nargs="*", help="programs or families ('hazards/', 'timm/'); default: all")
     args = p.parse_args(argv)
     env, path = where(args.out)
     done = recorded(path, env)
-    left = [n for n in PROGRAMS if n not in done]
+    try:
+        left = [n for n in select(args.only) if n not in done]
+    except ValueError as e:
+        p.error(str(e))
     if not left:
         print(f"every program is recorded in {path} with this code", file=sys.stderr)
         return 1
