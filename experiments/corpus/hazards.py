@@ -243,6 +243,17 @@ def branch_on_a_tensor_value(device, compile):
     return Program(compile(step), _x(device, 8))
 
 
+@hazard
+def output_moved_to_the_cpu_in_forward(device, compile):  # a copy to the host ends the graph's work
+    model = _mlp(8).to(device)
+    f = compile(lambda x: model(x).argmax(-1).cpu())
+
+    def step(x):
+        with torch.no_grad():
+            return f(x)
+    return Program(step, _x(device, 4, 8))
+
+
 # --- Shapes, outputs, aliasing -------------------------------------------------------------------
 
 @hazard
@@ -539,6 +550,51 @@ def global_tensor_changed_between_calls(device, compile):
     return Program(step, lambda i: (i, _x(device, 4, 4)(i)[0]))
 
 
+_DATA = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+
+
+@hazard
+def batches_sliced_from_one_tensor(device, compile):  # one storage, another offset each call
+    data, f = _DATA.to(device), compile(_mlp(8).to(device))
+
+    def step(i):
+        with torch.no_grad():
+            return f(data[4 * (i % 16):4 * (i % 16) + 4])
+    return Program(step, lambda i: (i,))
+
+
+@hazard
+def input_buffer_resized_and_reused(device, compile):  # the caller's buffer, reallocated as it grows
+    f = compile(lambda x: x * 2 + 1)
+    buffer = torch.empty(0, device=device)
+
+    def step(x):
+        outs = []
+        for n in (4, 8, 4):
+            buffer.resize_(n, 8).copy_(x.repeat(2, 1)[:n])
+            outs.append(f(buffer).clone())
+        return outs
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def called_on_a_side_stream(device, compile):  # one call on the current stream, one on another
+    f = compile(_mlp(8).to(device))
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def step(x):
+        with torch.no_grad():
+            y = f(x)
+            if side is None:
+                return [y, f(x + 1)]
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                z = f(x + 1)
+            torch.cuda.current_stream(device).wait_stream(side)
+            return [y, z]
+    return Program(step, _x(device, 4, 8))
+
+
 # --- Weights the caller changes between calls ----------------------------------------------------
 
 def _changed_at_call_2(device, compile, change) -> Program:
@@ -750,6 +806,30 @@ def two_sizes_in_one_step(device, compile):
     return Program(lambda x: [f(x), f(x[:2]), f(x)], _x(device, 4, 16))
 
 
+@hazard
+def outputs_returned_in_a_dict(device, compile):
+    model = _mlp(8).to(device)
+    f = compile(lambda x: {"logits": model(x), "hidden": x * 2, "batch": x.shape[0]})
+
+    def step(x):
+        with torch.no_grad():
+            out = f(x)
+            return [out["logits"], out["hidden"], torch.tensor(out["batch"])]
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def scalar_output_read_by_the_caller(device, compile):
+    model = _mlp(8).to(device)
+    f = compile(lambda x: model(x).mean())
+
+    def step(x):
+        with torch.no_grad():
+            m = f(x)
+            return [torch.tensor(m.item()), m]
+    return Program(step, _x(device, 4, 8))
+
+
 # --- Modes the caller switches between calls -----------------------------------------------------
 
 @hazard
@@ -791,6 +871,55 @@ def forward_hook_changes_output(device, compile):
     model = _mlp().to(device)
     model[0].register_forward_hook(lambda module, args, out: out * 0.5)
     return Program(compile(model), _x(device, 4, 16))
+
+
+@hazard
+def optional_mask_given_then_not(device, compile):
+    linear = nn.Linear(8, 8).to(device)
+
+    def forward(x, mask=None):
+        y = linear(x)
+        return (y if mask is None else y.masked_fill(mask, 0.0)).relu()
+    f = compile(forward)
+
+    def step(x):
+        with torch.no_grad():
+            return [f(x), f(x, mask=x > 0), f(x), f(x, x < 0)]
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def model_cast_to_bfloat16_between_calls(device, compile):
+    model = _mlp(8).to(device)
+    f = compile(model)
+
+    def step(i, x):
+        if i >= 2:
+            model.to(torch.bfloat16)
+        with torch.no_grad():
+            return f(x.to(next(model.parameters()).dtype)).float()
+    return Program(step, lambda i: (i, _x(device, 4, 8)(i)[0]), compare="norm")
+
+
+@hazard
+def input_dtype_alternating(device, compile):
+    f = compile(lambda x: (x * 2 + 1).sin())
+    return Program(lambda x: [f(x), f(x.double()), f(x.bfloat16()).float()], _x(device, 4, 8), compare="norm")
+
+
+@hazard
+def parameter_frozen_every_other_call(device, compile):
+    model = _mlp(8).to(device)
+    f = compile(model)
+
+    def step(i, x):
+        model[0].weight.requires_grad_(i % 2 == 0)
+        for p in model.parameters():
+            p.grad = None
+        loss = f(x).sum()
+        loss.backward()
+        return [loss.detach()] + [torch.zeros_like(p) if p.grad is None else p.grad for p in model.parameters()]
+    return Program(step, lambda i: (i, _x(device, 4, 8)(i)[0]))
 
 
 # --- Autograd as callers use it ------------------------------------------------------------------
