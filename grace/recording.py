@@ -227,7 +227,7 @@ class Recording:
         # ever reads garbage (an index read from one is out of bounds)
         if copied:
             self.copy_inputs(args)
-        captured = capture(fn, graph_args)
+        captured = capture(fn, list(graph_args))  # the partition's call empties the list it is given
         self.replay_graph, self.outputs, self.nodes, self.graph = (captured.replay, captured.outputs,
                                                                    captured.nodes, captured.graph)
         # A copied input the partition writes (one that kept moving) is copied back after each replay.

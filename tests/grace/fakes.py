@@ -47,7 +47,8 @@ def _on_argument(out, copies, graph_args):
 
 
 def fake_capture(fn, graph_args):
-    """Like a CUDA graph: capturing has no effect (here fn runs on copies, the RNG state put back);
+    """Like a CUDA graph: capturing has no effect (here fn runs on copies, the RNG state put back, and
+    graph_args is emptied, as the partition's call empties it in a real capture);
     each replay runs on the memory of the arguments it was recorded with (by address: it keeps no
     tensor alive) and writes the same output tensors."""
     recorded = [_unowned(a) if isinstance(a, torch.Tensor) else a for a in graph_args]
@@ -58,6 +59,7 @@ def fake_capture(fn, graph_args):
     # what a replay writes: not an argument's memory (a written argument is written through `recorded`)
     arguments = {a.untyped_storage().data_ptr() for a in graph_args if isinstance(a, torch.Tensor)}
     own = [isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in arguments for o in outputs]
+    graph_args.clear()  # as a capture of Inductor's boxed call leaves the list it was given
 
     def replay():
         for out, written, fresh in zip(outputs, own, fn(list(recorded))):
