@@ -140,6 +140,26 @@ def cpu_table_indexed_by_step(device, compile):
     return Program(torch.no_grad()(f), lambda i: (_x(device, 2, 8)(i)[0], i % 10))
 
 
+@hazard
+def python_counter_in_forward(device, compile):  # an attribute forward increments: a guard on its value
+    class Counts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear, self.calls = nn.Linear(8, 8), 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.linear(x) * (self.calls % 3)
+    model = Counts().to(device)
+    f = compile(model)
+
+    def step(i, x):
+        model.calls = i
+        with torch.no_grad():
+            return f(x)
+    return Program(step, lambda i: (i, _x(device, 4, 8)(i)[0]))
+
+
 # --- State mutated in place ----------------------------------------------------------------------
 
 @hazard
@@ -170,6 +190,28 @@ def input_mutated_in_place(device, compile):
     return Program(lambda x: [f(x), x], _x(device, 8))
 
 
+@hazard
+def cache_grown_by_cat_in_forward(device, compile):  # a module attribute replaced by a larger tensor
+    class Grows(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.cache = nn.Linear(8, 8), None
+
+        def forward(self, x):
+            k = self.proj(x)
+            self.cache = k if self.cache is None else torch.cat([self.cache, k])
+            return self.cache.sum(0)
+    model = Grows().to(device)
+    f = compile(model)
+
+    def step(i, x):
+        if i == 0:
+            model.cache = None
+        with torch.no_grad():
+            return f(x)
+    return Program(step, lambda i: (i, _x(device, 2, 8)(i)[0]))
+
+
 # --- Random numbers ------------------------------------------------------------------------------
 
 @hazard
@@ -182,6 +224,17 @@ def dropout_in_training(device, compile):
 def rand_in_forward(device, compile):
     f = compile(lambda x: x + torch.rand_like(x))
     return Program(f, _x(device, 8), compare="shape")
+
+
+@hazard
+def explicit_generator_in_forward(device, compile):
+    generator = torch.Generator(device=device)
+    f = compile(lambda x: x + torch.randn(x.shape, generator=generator, device=x.device) * 0.1)
+
+    def step(i, x):
+        generator.manual_seed(i)
+        return f(x)
+    return Program(step, lambda i: (i, _x(device, 4, 8)(i)[0]), compare="shape")
 
 
 # --- Data-dependent shapes -----------------------------------------------------------------------
@@ -349,6 +402,24 @@ def output_is_a_view(device, compile):
     return Program(f, _x(device, 4, 4))
 
 
+@hazard
+def outputs_in_a_dict_of_lists(device, compile):
+    model = _mlp(8).to(device)
+
+    def forward(x):
+        hidden = [x]
+        for layer in model:
+            hidden.append(layer(hidden[-1]))
+        return {"hidden_states": hidden[1:], "last": hidden[-1]}
+    f = compile(forward)
+
+    def step(x):
+        with torch.no_grad():
+            out = f(x)
+            return out["hidden_states"] + [out["last"]]
+    return Program(step, _x(device, 4, 8))
+
+
 # --- Autograd, control flow, regions -------------------------------------------------------------
 
 class _Square(torch.autograd.Function):
@@ -501,6 +572,13 @@ def bfloat16_autocast(device, compile):
     return Program(step, _x(device, 2, 16))
 
 
+@hazard
+def sparse_input(device, compile):
+    w = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)).to(device)
+    f = compile(lambda s: torch.sparse.mm(s, w).relu())
+    return Program(lambda x: f((x * (x > 0.5)).to_sparse()), _x(device, 6, 8))
+
+
 # --- Inputs a graph reads where they lie ---------------------------------------------------------
 
 @hazard
@@ -592,6 +670,19 @@ def called_on_a_side_stream(device, compile):  # one call on the current stream,
                 z = f(x + 1)
             torch.cuda.current_stream(device).wait_stream(side)
             return [y, z]
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def parameters_passed_as_arguments(device, compile):  # one graph, called with each layer's weights
+    layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3)).to(device)
+    f = compile(lambda w, b, x: torch.addmm(b, x, w.t()).relu())
+
+    def step(x):
+        with torch.no_grad():
+            for layer in layers:
+                x = f(layer.weight, layer.bias, x)
+            return x
     return Program(step, _x(device, 4, 8))
 
 
@@ -980,6 +1071,19 @@ def gradient_of_the_input(device, compile):
         f(x).sum().backward()
         return [x.grad]
     return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def parameter_returned_with_the_output(device, compile):
+    embedding = nn.Embedding(10, 8).to(device)
+    f = compile(lambda idx: (embedding(idx), embedding.weight))
+
+    def step(idx):
+        embedding.weight.grad = None
+        y, w = f(idx)
+        (y.sum() + (w * w).sum()).backward()
+        return [y.detach(), w.detach().clone(), embedding.weight.grad]
+    return Program(step, lambda i: (torch.tensor([i % 10, (i + 3) % 10], device=device),))
 
 
 # --- Layers and training utilities users reach for -----------------------------------------------
