@@ -275,12 +275,12 @@ class Recording:
         return (args[i].data_ptr() != self.ptrs[i] and not self.weak[i].expired()
                 and args[i].untyped_storage().data_ptr() != self.bases[i])
 
-    def same_site(self, args: list, static: frozenset[int]) -> bool:
-        """Whether this call comes from the call site recorded: its static inputs (parameters, buffers;
-        in a backward graph, saved activations) are those recorded, or moves of them (the tensor recorded
-        is gone, or they are another view of its memory). Another live weight is another site: the next
-        of the layers that share one Dynamo graph."""
-        return not any(self._elsewhere(args, i) for i in self.in_place if i in static)
+    def same_site(self, args: list, sites: frozenset[int]) -> bool:
+        """Whether this call comes from the call site recorded: its inputs `sites` (the static inputs that
+        tell call sites apart: runtime.PartitionGraph._sites) are those recorded, or moves of them (the
+        tensor recorded is gone, or they are another view of its memory). Another live weight is another
+        site: the next of the layers that share one Dynamo graph."""
+        return not any(self._elsewhere(args, i) for i in self.in_place if i in sites)
 
     def moved(self, args: list) -> list[int]:
         """In-place inputs that lie elsewhere than when recorded, at the same call site: a static input

@@ -136,6 +136,15 @@ class PartitionGraph:
             self.stats.eager_calls += 1
         return self.fn(args)
 
+    def _sites(self, args: list) -> frozenset[int]:
+        """The static inputs whose tensors tell call sites apart: parameters and buffers; in a backward
+        graph, whose static inputs are the saved tensors, the parameters alone. A saved activation is
+        made anew each step; one the caller still holds (logits kept over steps) is a move, not a site."""
+        static = self.partition.static
+        if not self.stats.backward:
+            return static
+        return frozenset(i for i in static if isinstance(args[i], torch.nn.Parameter))
+
     def _record(self, key: tuple, args: list, twin: bool) -> Recording | str:
         """A new recording (a twin: of one whose outputs are still held), or why there can be none."""
         recordings = self.recordings[key]
@@ -143,8 +152,8 @@ class PartitionGraph:
         if recordings:
             # the most recently used recording of this call site, if any: a twin's inputs sit where a
             # recording's do; a new call site moves nothing
-            site = None if twin else next((r for r in reversed(recordings)
-                                           if r.same_site(args, self.partition.static)), None)
+            site = None if twin else next((r for r in reversed(recordings) if r.same_site(args, self._sites(args))),
+                                          None)
             moved = site.moved(args) if site is not None else []
             why = "twin" if twin else "moved input" if moved else "new call site"
             # a recording again: in-place inputs moved, a twin (the same places, outputs held), or one

@@ -241,6 +241,26 @@ def test_in_place_inputs_that_alternate_keep_a_recording_each(cpu_graphs, kind):
     assert stats.recorded_for == {"first at these sizes": 1, "new call site" if kind == "static" else "moved input": 1}
 
 
+def test_saved_activations_the_caller_keeps_are_moves_and_parameters_call_sites(cpu_graphs):
+    """A backward graph's static inputs are the saved tensors. An activation made anew each step that the
+    caller still holds (logits kept over steps) is a move, copied once it kept moving, not one more call
+    site recorded every step; the parameters of two layers that share the graph are two call sites."""
+    part, stats = _part(_partition_fn([]), static={0, 1})
+    stats.backward = True
+    layers = [torch.nn.Parameter(torch.full((4,), 2.0)), torch.nn.Parameter(torch.full((4,), 3.0))]
+    kept = []
+    for step in range(8):
+        for w in layers:
+            kept.append(torch.full((4,), float(step)))
+            (y,) = part([kept[-1], w])
+            torch.testing.assert_close(y, kept[-1] * w + 1)
+            del y
+    # every call recorded without the parameters telling sites apart; here the second site once more, after
+    # the activation's recordings that read it in place were let go
+    assert stats.recorded_for == {"first at these sizes": 1, "new call site": 2, "moved input": runtime.MOVES_BEFORE_COPY}
+    assert stats.replays == 15 and stats.moving_inputs == 1 and stats.status == "captured"
+
+
 @pytest.mark.parametrize("kept", [False, True])
 def test_a_written_input_that_keeps_moving_is_copied_in_and_back(cpu_graphs, kept):
     """An input the partition writes is read in place, so it is recorded again where it moved; once it
