@@ -145,20 +145,20 @@ class PartitionGraph:
             return static
         return frozenset(i for i in static if isinstance(args[i], torch.nn.Parameter))
 
-    def _record(self, key: tuple, args: list, twin: bool) -> Recording | str:
-        """A new recording (a twin: of one whose outputs are still held), or why there can be none."""
+    def _record(self, key: tuple, args: list, twin: Recording | None) -> Recording | str:
+        """A new recording (a twin of `twin`, whose outputs are still held), or why there can be none."""
         recordings = self.recordings[key]
         why = "first at these sizes"
         if recordings:
             # the most recently used recording of this call site, if any: a twin's inputs sit where a
             # recording's do; a new call site moves nothing
-            site = None if twin else next((r for r in reversed(recordings) if r.same_site(args, self._sites(args))),
+            site = None if twin is not None else next((r for r in reversed(recordings) if r.same_site(args, self._sites(args))),
                                           None)
             moved = site.moved(args) if site is not None else []
-            why = "twin" if twin else "moved input" if moved else "new call site"
+            why = "twin" if twin is not None else "moved input" if moved else "new call site"
             # a recording again: in-place inputs moved, a twin (the same places, outputs held), or one
             # more call site where KEEP are kept already (one is dropped for it)
-            if moved or twin or len(recordings) >= KEEP:
+            if moved or twin is not None or len(recordings) >= KEEP:
                 if self.rerecords >= MAX_RERECORDS:
                     ever = sorted({i for moves in self.moves.values() for i in moves})
                     return (f"more than {MAX_RERECORDS} recordings at sizes already recorded (recordings by "
@@ -184,6 +184,10 @@ class PartitionGraph:
             stale.drop()
         in_place = [i for i in tensors if i not in moving and (
             i in self.partition.static or i in self.partition.mutated or args[i].data_ptr() in rec.OUTPUTS)]
+        # A twin copies what its twin copies: an input the twin copied (a state fed back, now an output of
+        # the twin's last replay) read in place would match no later call, and each call would record one.
+        if twin is not None:
+            in_place = [i for i in in_place if i in twin.in_place]
         copied = [i for i in tensors if i not in in_place]
         if any(args[i].data_ptr() % ALIGNMENT for i in in_place if i in self.partition.mutated):
             return "an input mutated in place is not 16-byte aligned"
@@ -383,7 +387,7 @@ class PartitionGraph:
             del self.held[key]
         if recording is None:
             with rec.on_device_of(args):  # capture, PI's check and SCG's timings on the partition's device
-                recording = self._record(key, args, twin=bool(here))
+                recording = self._record(key, args, twin=here[-1] if here else None)
                 # SCG decides at the first recording of these sizes; later ones keep its decision
                 declined = (not isinstance(recording, str) and self.scg and not recordings
                             and not self._select(recording, args))

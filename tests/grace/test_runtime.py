@@ -227,6 +227,20 @@ def test_a_loop_that_holds_the_previous_output_replays_every_call(cpu_graphs):
     assert stats.replays == 9 and stats.recordings == 2 and stats.eager_calls == 0
 
 
+def test_a_state_fed_back_and_kept_records_one_twin_not_one_per_call(cpu_graphs):
+    """Each output is the next call's input and every one stays held (an RNN cell run in grad mode:
+    the autograd graph keeps them). The twin copies the state as the first recording does; read in
+    place from the first's output, it would match no later call, and each call would record a twin."""
+    part, stats = _part(_partition_fn([]), static={1})
+    w, states = torch.full((4,), 0.5), [torch.zeros(4)]
+    for _ in range(12):
+        (y,) = part([states[-1], w])
+        torch.testing.assert_close(y, states[-1] * w + 1)
+        states.append(y)
+    assert stats.recorded_for == {"first at these sizes": 1, "twin": 1} and part.rerecords == 1
+    assert "still held" in stats.reason
+
+
 @pytest.mark.parametrize("kind", ["static", "mutated"])
 def test_in_place_inputs_that_alternate_keep_a_recording_each(cpu_graphs, kind):
     """Two buffers in turn: two call sites (static), or one input that moved once (a KV cache the
