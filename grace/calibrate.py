@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from grace import torch_adapter as adapter
-from grace.recording import capture_stream
+from grace.recording import capture_stream, no_collection
 
 
 def synchronize(device: torch.device) -> None:
@@ -86,7 +86,7 @@ def replay_us(device: torch.device) -> float:
     """Host time of one bare CUDA graph replay (of a one-kernel graph), once per process."""
     x = torch.zeros(1, device=device)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.device(x.device), torch.cuda.graph(graph, stream=capture_stream(x.device.index)):
+    with torch.cuda.device(x.device), no_collection(), torch.cuda.graph(graph, stream=capture_stream(x.device.index)):
         x.add_(1)
     graph.replay()
     return per_call_us(graph.replay, 200, device)

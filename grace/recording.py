@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import threading
 import warnings
@@ -57,6 +58,20 @@ def on_device_of(args: list) -> contextlib.AbstractContextManager:
 CAPTURING = threading.Lock()
 
 
+@contextlib.contextmanager
+def no_collection():
+    """Python's collector held off: a cycle it frees during a capture may hold another CUDA graph, whose
+    destruction is not permitted while a stream captures and invalidates the capture (torch.cuda.graph
+    no longer collects before capturing: pytorch/pytorch#161037)."""
+    on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if on:
+            gc.enable()
+
+
 def cuda_capture(fn: Callable, graph_args: list) -> Captured:
     """Capture fn(graph_args) in a CUDA graph, on the current device (the runtime makes it the
     partition's: on_device_of); a replay runs on that device whatever is current then. A capture that
@@ -65,7 +80,8 @@ def cuda_capture(fn: Callable, graph_args: list) -> Captured:
     caller = torch.cuda.current_stream()
     with CAPTURING:
         try:
-            with torch.cuda.graph(graph, stream=capture_stream(caller.device.index), capture_error_mode="thread_local"):
+            with no_collection(), torch.cuda.graph(graph, stream=capture_stream(caller.device.index),
+                                                   capture_error_mode="thread_local"):
                 outputs = fn(graph_args)
         except BaseException as e:
             failed = _unframed(e)  # its frames hold the failed graph: freed before the repair
@@ -106,7 +122,7 @@ def repair(caller: torch.cuda.Stream) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "The CUDA Graph is empty"
-            with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=capture_stream(caller.device.index)):
+            with no_collection(), torch.cuda.graph(torch.cuda.CUDAGraph(), stream=capture_stream(caller.device.index)):
                 pass
     except Exception as e:
         log.warning("grace: after a failed capture, the CUDA generator could not be reset: %s", e)

@@ -2,6 +2,7 @@
 falls back (with a reason) where a graph would be wrong."""
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -225,6 +226,47 @@ def test_an_output_held_by_its_storage_or_a_view_alone_is_not_overwritten(keep):
     compiled(torch.randn(16, 32, device="cuda"))
     storage = kept if isinstance(kept, torch.UntypedStorage) else kept.untyped_storage()
     torch.testing.assert_close(torch.empty(0, device="cuda").set_(storage, *where), model(x))
+
+
+@torch.no_grad()
+def test_a_graph_that_python_collects_during_a_capture_does_not_fail_it(monkeypatch):
+    """A cycle that holds another CUDA graph, left for Python's collector while a partition is captured:
+    destroying a graph during a capture invalidates it. GraCE holds the collector off while it captures."""
+    from grace import recording
+
+    torch.compiler.reset()
+    real, stale = recording.capture, []
+
+    def capture(fn, graph_args):
+        old = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(old):
+            torch.zeros(1, device="cuda")
+        stale.append(old)
+        del old
+
+        def making_garbage(args):  # runs while the stream captures
+            cycle = [stale.pop()]
+            cycle.append(cycle)
+            del cycle
+            [[] for _ in range(100)]  # allocations: the collector's turn (threshold 1), unless held off
+            return fn(args)
+        return real(making_garbage, graph_args)
+
+    monkeypatch.setattr(recording, "capture", capture)
+    model = _mlp()
+    compiled = torch.compile(model, backend="grace", options=RUNTIME)
+    x = torch.randn(16, 32, device="cuda")
+    compiled(x)  # compiled and warmed up with the collector as usual
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), model(x))
+    finally:
+        gc.set_threshold(*threshold)
+        gc.collect()
+    (stats,) = grace.REPORTS[-1].partitions
+    assert stats.status == "captured" and stats.replays == 2, stats.reason
 
 
 def test_inference_in_grad_mode_replays_once_the_caller_drops_the_result():
