@@ -152,8 +152,9 @@ class PartitionGraph:
         if recordings:
             # the most recently used recording of this call site, if any: a twin's inputs sit where a
             # recording's do; a new call site moves nothing
-            site = None if twin is not None else next((r for r in reversed(recordings) if r.same_site(args, self._sites(args))),
-                                          None)
+            sites = self._sites(args)
+            site = None if twin is not None else next(
+                (r for r in reversed(recordings) if r.same_site(args, sites)), None)
             moved = site.moved(args) if site is not None else []
             why = "twin" if twin is not None else "moved input" if moved else "new call site"
             # a recording again: in-place inputs moved, a twin (the same places, outputs held), or one
