@@ -170,18 +170,32 @@ Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
 def worker_noise(df: pd.DataFrame) -> tuple[float, int]:
     """The spread between two workers of identical code, beyond what the rounds show: the log-sd tau of
-    the A/A controls' offsets once their own rounds' spread is taken out (a moment estimate,
-    mean(log(aa)^2 - sd_rounds^2), at least 0), and how many A/A controls it is from. Each worker has an
-    offset of its own (two workers of the same code differ by several % on host-bound workloads, with the
-    same GPU time), which a bootstrap over one session's rounds cannot see. Controls of several processes
-    a side (measure.processes) resample their processes already, and say nothing of tau."""
+    the A/A controls' offsets once their own rounds' spread is taken out, and how many A/A controls it is
+    from. Each worker has an offset of its own (two workers of the same code differ by several % on
+    host-bound workloads, with the same GPU time), which a bootstrap over one session's rounds cannot see.
+    Controls of several processes a side (measure.processes) resample their processes already, and say
+    nothing of tau.
+
+    tau is the Paule-Mandel estimate of a random-effects model with a known mean of 0 (log(aa) ~ N(0,
+    sd_rounds^2 + tau^2)): it solves sum(log(aa)^2 / (sd_rounds^2 + tau^2)) = n, so that a session with
+    noisy rounds weighs little; a plain mean of log(aa)^2 - sd_rounds^2 lets one such session pull tau to 0."""
     aa = df[(df["variant"] == f"{BASELINE}_aa") & (df["status"] == "ok") & (df["processes"] == 1)]
     aa = aa.dropna(subset=["speedup", "ci_lo", "ci_hi"])
     if aa.empty:
         return 0.0, 0
-    z = np.log(aa["speedup"].to_numpy(float))
+    z2 = np.log(aa["speedup"].to_numpy(float)) ** 2
     sd = (np.log(aa["ci_hi"].to_numpy(float)) - np.log(aa["ci_lo"].to_numpy(float))) / (2 * Z95)
-    return float(np.sqrt(max(0.0, float(np.mean(z ** 2 - sd ** 2))))), len(aa)
+    var = np.maximum(sd, 1e-9) ** 2
+
+    def excess(tau2: float) -> float:  # decreasing in tau2, below 0 from tau2 = max(z2) on
+        return float(np.sum(z2 / (var + tau2))) - len(z2)
+
+    low, high = 0.0, float(z2.max())
+    if excess(low) <= 0:
+        return 0.0, len(aa)
+    for _ in range(100):
+        low, high = ((low + high) / 2, high) if excess((low + high) / 2) > 0 else (low, (low + high) / 2)
+    return float(np.sqrt(high)), len(aa)
 
 
 def unresampled(tau: float, processes):

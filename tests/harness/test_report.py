@@ -340,15 +340,29 @@ def test_the_workers_noise_is_what_the_aa_controls_show_beyond_their_rounds_and_
     assert (tau, n) == (0.0, 2)  # each A/A offset lies well within its own interval: the rounds saw it all
     off = _session("a", 1.06, (1.04, 1.08), 1.06, (1.03, 1.09)) + _session("b", 0.94, (0.92, 0.96), 1.2, (1.15, 1.25))
     tau, n = figures.worker_noise(figures.frame(off))
-    moments = [math.log(aa) ** 2 - (math.log(hi / lo) / (2 * figures.Z95)) ** 2
+    # Paule-Mandel: each control's squared offset over its rounds' variance plus tau^2 sums to their count
+    weighed = [math.log(aa) ** 2 / ((math.log(hi / lo) / (2 * figures.Z95)) ** 2 + tau ** 2)
                for aa, lo, hi in [(1.06, 1.04, 1.08), (0.94, 0.92, 0.96)]]
-    assert n == 2 and math.isclose(tau, math.sqrt(sum(moments) / 2))
+    assert n == 2 and math.isclose(sum(weighed), 2, rel_tol=1e-6)
     lo, hi = figures.widen(1.06, 1.03, 1.09, tau)
     assert lo < 1 < hi and figures.widen(1.06, 1.03, 1.09, 0.0) == pytest.approx((1.03, 1.09))
     text = report.noise(off)
     assert "excludes 1 in 2 of 2 sessions" in text
     assert re.search(r"1\.060 \[0\.9\d\d, 1\.1\d\d\] within noise", text)  # a win by the rounds alone
     assert re.search(r"1\.200 \[1\.0\d\d, 1\.3\d\d\] win", text)
+
+
+def test_one_session_with_noisy_rounds_does_not_take_the_workers_noise_away():
+    # six controls off by +-1 % with tight rounds, then one centred with rounds 5 % wide (log-sd): a plain
+    # mean of log(aa)^2 - sd^2 would fall to 0 and narrow every other session's interval
+    def control(workload, offset, sd):
+        aa = math.exp(offset)
+        return _session(workload, aa, (aa * math.exp(-figures.Z95 * sd), aa * math.exp(figures.Z95 * sd)), 1.2,
+                        (1.15, 1.25))
+    tight = [r for i in range(6) for r in control(f"w{i}", (-1) ** i * 0.01, 0.0005)]
+    before, _ = figures.worker_noise(figures.frame(tight))
+    after, n = figures.worker_noise(figures.frame(tight + control("noisy", 0.0, 0.05)))
+    assert n == 7 and 0.0099 < before < 0.01 and after > 0.9 * before
 
 
 def test_sessions_of_several_processes_a_variant_neither_set_the_workers_noise_nor_get_widened_by_it():
