@@ -194,7 +194,8 @@ def worker_noise(df: pd.DataFrame) -> tuple[float, int]:
     if excess(low) <= 0:
         return 0.0, len(aa)
     for _ in range(100):
-        low, high = ((low + high) / 2, high) if excess((low + high) / 2) > 0 else (low, (low + high) / 2)
+        mid = (low + high) / 2
+        low, high = (mid, high) if excess(mid) > 0 else (low, mid)
     return float(np.sqrt(high)), len(aa)
 
 
