@@ -185,7 +185,7 @@ def worker_noise(df: pd.DataFrame) -> tuple[float, int]:
         return 0.0, 0
     z2 = np.log(aa["speedup"].to_numpy(float)) ** 2
     sd = (np.log(aa["ci_hi"].to_numpy(float)) - np.log(aa["ci_lo"].to_numpy(float))) / (2 * Z95)
-    var = np.maximum(sd, 1e-9) ** 2
+    var = np.maximum(sd, 1e-9) ** 2  # an interval of zero width (every round alike) would divide by 0
 
     def excess(tau2: float) -> float:  # decreasing in tau2, below 0 from tau2 = max(z2) on
         return float(np.sum(z2 / (var + tau2))) - len(z2)
