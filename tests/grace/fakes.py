@@ -58,12 +58,15 @@ def fake_capture(fn, graph_args):
     torch.set_rng_state(rng)
     # what a replay writes: not an argument's memory (a written argument is written through `recorded`)
     arguments = {a.untyped_storage().data_ptr() for a in graph_args if isinstance(a, torch.Tensor)}
-    own = [isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in arguments for o in outputs]
+    # only those: the arguments an output passes through are the caller's tensors, which a CUDA graph
+    # does not keep alive either
+    written = [o if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in arguments else None
+               for o in outputs]
     graph_args.clear()  # as a capture of Inductor's boxed call leaves the list it was given
 
     def replay():
-        for out, written, fresh in zip(outputs, own, fn(list(recorded))):
-            if written:
+        for out, fresh in zip(written, fn(list(recorded))):
+            if out is not None:
                 out.copy_(fresh)
 
     return recording.Captured(replay, outputs, {"kernel": 1}, None)
