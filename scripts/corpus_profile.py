@@ -3,10 +3,14 @@ latency of a synchronized call in blocks of 10, grace.explain, and a profile of 
 grace; torch.profiler's host ops by self time, and the GPU time per call, for each).
 
     python scripts/corpus_profile.py torch_cond cpu_tensor_input torchvision/raft_small
+    python scripts/corpus_profile.py torch_cond --variants grace grace-no-pi grace-no-scg
+
+`grace-no-<option>`: grace with that option (cgct, pi, scg) off, to tell which one costs the time.
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import pstats
 import statistics
@@ -33,24 +37,39 @@ def median_us(step, args, n: int) -> float:
     return round(statistics.median(times), 1)
 
 
-def main(names: list[str]) -> None:
+def variant(name: str) -> dict | None:
+    """torch.compile's arguments for a corpus variant, or for grace with one option off."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    option = name.removeprefix("grace-no-")
+    if option == name or option not in ("cgct", "pi", "scg"):
+        raise SystemExit(f"corpus_profile: unknown variant {name!r} (a corpus variant or grace-no-<cgct|pi|scg>)")
+    return {"backend": "grace", "options": {option: False}}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("programs", nargs="+")
+    p.add_argument("--variants", nargs="+", default=["inductor", "pt2_cg", "grace"])
+    args = p.parse_args(argv)
+    compile_args = {v: variant(v) for v in args.variants}
     device = torch.device("cuda")
-    for name in names:
-        for v in ["inductor", "pt2_cg", "grace"]:
+    for name in args.programs:
+        for v in args.variants:
             torch.compiler.reset()
             grace.reset()
             start = len(grace.REPORTS)
             torch.manual_seed(0)
             with torch._dynamo.config.patch(recompile_limit=64):
                 t0 = time.time()
-                p = PROGRAMS[name](device, _compiler(VARIANTS[v]))
+                p = PROGRAMS[name](device, _compiler(compile_args[v]))
                 for i in range(4):  # as the corpus calls it before timing
                     p.step(*p.inputs(i))
                 args = p.inputs(3)
                 torch.cuda.synchronize()
                 print(f"== {name} {v}: set up {time.time() - t0:.0f} s; median us per block of 10 calls:",
                       [median_us(p.step, args, 10) for _ in range(8)], flush=True)
-                if v == "grace":
+                if v.startswith("grace"):
                     print(grace.explain_call(lambda: p.step(*args), start), flush=True)
                     pr = cProfile.Profile()
                     pr.enable()
@@ -69,4 +88,4 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -257,3 +257,11 @@ def test_a_grace_record_keeps_the_numbers_of_each_graph_scg_declined(cpu_partiti
     decided = records["scg"]["grace"]["scg"]
     assert decided["eager"] >= 1 and len(decided["declined"]) == decided["eager"], decided
     assert all(d["choice"] == "eager" and d["measured_us"]["graph"] == 2.0 for d in decided["declined"]), decided
+
+
+def test_the_profile_script_turns_one_of_graces_options_off_by_name():
+    from scripts import corpus_profile
+    assert corpus_profile.variant("grace-no-pi") == {"backend": "grace", "options": {"pi": False}}
+    assert corpus_profile.variant("inductor") == corpus.VARIANTS["inductor"]
+    with pytest.raises(SystemExit, match="unknown variant 'grace-no-xx'"):
+        corpus_profile.variant("grace-no-xx")
