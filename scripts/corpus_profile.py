@@ -51,11 +51,11 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("programs", nargs="+")
     p.add_argument("--variants", nargs="+", default=["inductor", "pt2_cg", "grace"])
-    args = p.parse_args(argv)
-    compile_args = {v: variant(v) for v in args.variants}
+    opts = p.parse_args(argv)  # not `args`: each program's inputs are called that below
+    compile_args = {v: variant(v) for v in opts.variants}
     device = torch.device("cuda")
-    for name in args.programs:
-        for v in args.variants:
+    for name in opts.programs:
+        for v in opts.variants:
             torch.compiler.reset()
             grace.reset()
             start = len(grace.REPORTS)
