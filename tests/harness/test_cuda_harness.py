@@ -110,21 +110,24 @@ def test_rel_err_on_the_gpu_is_the_hosts(monkeypatch):
     assert on_gpu == pytest.approx(numerics._rel_err(a, b), rel=1e-12)
 
 
-def test_records_say_whether_inductor_padded_a_misaligned_gemm(tmp_path, monkeypatch):
+def test_records_say_whether_inductor_padded_a_misaligned_gemm(tmp_path):
     """Inductor pads a GEMM with a misaligned dim (here K = 4097, bfloat16) when a benchmark at compile time
     finds the padded one 1.1x faster; what it chose, and the unpadded time it measured, reach the records
     (Bench.diagnostics) from its local benchmark cache."""
     import torch
+    from torch._inductor.utils import fresh_cache
 
     from experiments.instrument import shape_padding_choices
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # a cold cache: the decision is made here
-    torch._dynamo.reset()
-    a = torch.randn(4096, 4097, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(4097, 4096, device="cuda", dtype=torch.bfloat16)
-    out = torch.compile(lambda x, y: x @ y)(a, b)
-    torch.testing.assert_close(out, a @ b, rtol=2e-2, atol=1.0)
-    choices = shape_padding_choices()
+    # a cold cache, so the decision is made here: fresh_cache also forgets the cache's path, which Inductor
+    # keeps from the process's first compile (a machine warm from a suite run held DGPT2's choices there)
+    with fresh_cache(dir=str(tmp_path)):
+        torch._dynamo.reset()
+        a = torch.randn(4096, 4097, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(4097, 4096, device="cuda", dtype=torch.bfloat16)
+        out = torch.compile(lambda x, y: x @ y)(a, b)
+        torch.testing.assert_close(out, a @ b, rtol=2e-2, atol=1.0)
+        choices = shape_padding_choices()
     assert len(choices) == 1, choices
     (key, choice), = choices.items()
     assert "4097" in key and isinstance(choice["pad"], bool), choices
