@@ -115,6 +115,14 @@ def test_a_workload_stopped_here_is_expected_to_take_at_least_as_long_as_it_ran(
     assert capsys.readouterr().out.split()[:2] == ["fig9", "workload=DGPT2,EOS"]
 
 
+def test_a_workload_stopped_just_short_of_a_calls_end_is_split_not_planned_whole_again(tmp_path, gpu, capsys):
+    env, here, _ = gpu
+    dgpt2 = suite_jobs.workload("DGPT2")
+    _session(here, env, *dgpt2, _sets()["full"], "s1", 95.0, status="interrupted")  # needed more than 95 s
+    assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100", "--fit"]) == 0
+    assert capsys.readouterr().out.split() == ["fig9", "workload=DGPT2"]
+
+
 def test_one_too_long_only_by_another_machines_time_is_tried_by_fig9_when_nothing_else_fits(
         tmp_path, gpu, capsys):
     env, here, there = gpu
