@@ -41,8 +41,7 @@ ANCHORS = (BASE, "grace")  # in every session of a workload measured in parts
 
 
 # A session stopped here needed more than it ran, by an unknown amount: planned again as if it needed this
-# much more, so that one stopped near the end of a call is split rather than stopped again (DGPT2 whole ran
-# 532 s of a 540 s call, stopped; the same planned again by its time alone "fit" 540 s)
+# much more, so that one stopped near a call's end is split rather than planned whole into the same time
 STOPPED_NEEDS = 1.25
 
 
