@@ -120,7 +120,7 @@ def test_records_say_whether_inductor_padded_a_misaligned_gemm(tmp_path):
     from experiments.instrument import shape_padding_choices
 
     # a cold cache, so the decision is made here: fresh_cache also forgets the cache's path, which Inductor
-    # keeps from the process's first compile (a machine warm from a suite run held DGPT2's choices there)
+    # keeps from the process's first compile (else another compile's choices are read with this one's)
     with fresh_cache(dir=str(tmp_path)):
         torch._dynamo.reset()
         a = torch.randn(4096, 4097, device="cuda", dtype=torch.bfloat16)
