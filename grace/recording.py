@@ -250,6 +250,7 @@ class Recording:
         self.written = [(i, p) for i, p in zip(copied, self.placeholders) if i in mutated]
         self.pi = None  # grace.pi.Pointing, when PI serves some of the copied inputs
         self.pi_on = True  # False once SCG decided that copying beats re-pointing
+        self.replays = 0  # calls the runtime replayed it for (SCG's timings apart)
         # Outputs in memory the graph writes (its pool, or a placeholder) are protected from being replayed
         # over while held; an output that is an in-place input passed through (a parameter saved for
         # backward) is the caller's memory, and the caller's references to it come and go.

@@ -37,6 +37,7 @@ MOVES_BEFORE_COPY = 3  # an in-place input that moved this often at one set of s
                        # at all sizes; moves at different sizes (twins upstream, per size) do not add up
 KEEP = 64  # recordings kept per set of sizes: one per call site (each layer of those that share a graph), and twins
 TWINS = 2  # recordings per set of sizes and in-place addresses: one may be replayed while the other's outputs are held
+CHAIN = 8  # recordings per set of sizes that read a held output of another in place (a chain fed forward)
 HELD_LOOKS = 16  # calls in a row whose recordings' outputs were all held; from then on, only every such call
                  # looks again (a caller that keeps every output, as an eval loop collecting them does,
                  # would pay the held test of each twin on every call that runs without a graph anyway)
@@ -101,6 +102,7 @@ class PartitionGraph:
         self.sizes = 0  # sets of sizes called at, over its life
         self.declined: set[tuple] = set()  # sizes SCG runs without a graph (their recording freed)
         self.held: dict[tuple, int] = {}  # per set of sizes: calls in a row with every output held (HELD_LOOKS)
+        self.links: dict[tuple, int] = {}  # per set of sizes: links recorded for chains of outputs fed forward
         self.seen: list | None = None  # while grace.lean watches a call: each call's arguments and result
         # inputs in lists or tuples: per input, the spec of its nesting or None (adapter.tree_flatten);
         # False: none; None: not called yet. With them, the runtime works on the leaves (_unnest)
@@ -122,6 +124,7 @@ class PartitionGraph:
             self.warmed.clear()
             self.declined.clear()
             self.held.clear()
+            self.links.clear()
             self.stats.kept = 0
 
     def _eager(self, args: list, reason: str | None = None, final: bool = False) -> Any:
@@ -145,8 +148,9 @@ class PartitionGraph:
             return static
         return frozenset(i for i in static if isinstance(args[i], torch.nn.Parameter))
 
-    def _record(self, key: tuple, args: list, twin: Recording | None) -> Recording | str:
-        """A new recording (a twin of `twin`, whose outputs are still held), or why there can be none."""
+    def _record(self, key: tuple, args: list, twin: Recording | None, fed: Recording | None = None) -> Recording | str:
+        """A new recording (a twin of `twin`, whose outputs are still held; with `fed`, a link that reads
+        the held output of `fed` that this call takes in place), or why there can be none."""
         recordings = self.recordings[key]
         why = "first at these sizes"
         if recordings:
@@ -156,10 +160,12 @@ class PartitionGraph:
             site = None if twin is not None else next(
                 (r for r in reversed(recordings) if r.same_site(args, sites)), None)
             moved = site.moved(args) if site is not None else []
-            why = "twin" if twin is not None else "moved input" if moved else "new call site"
+            why = ("output fed forward" if fed is not None else "twin" if twin is not None
+                   else "moved input" if moved else "new call site")
             # a recording again: in-place inputs moved, a twin (the same places, outputs held), or one
-            # more call site where KEEP are kept already (one is dropped for it)
-            if moved or twin is not None or len(recordings) >= KEEP:
+            # more call site where KEEP are kept already (one is dropped for it); links of a chain have
+            # a limit of their own (CHAIN)
+            if moved or (twin is not None and fed is None) or len(recordings) >= KEEP:
                 if self.rerecords >= MAX_RERECORDS:
                     ever = sorted({i for moves in self.moves.values() for i in moves})
                     return (f"more than {MAX_RERECORDS} recordings at sizes already recorded (recordings by "
@@ -187,8 +193,10 @@ class PartitionGraph:
             i in self.partition.static or i in self.partition.mutated or args[i].data_ptr() in rec.OUTPUTS)]
         # A twin copies what its twin copies: an input the twin copied (a state fed back, now an output of
         # the twin's last replay) read in place would match no later call, and each call would record one.
+        # A link of a chain that repeats reads its predecessor's output in place, as graph trees do.
         if twin is not None:
-            in_place = [i for i in in_place if i in twin.in_place]
+            outputs = {t.data_ptr() for t in fed.tensors} if fed is not None else set()
+            in_place = [i for i in in_place if i in twin.in_place or args[i].data_ptr() in outputs]
         copied = [i for i in tensors if i not in in_place]
         if any(args[i].data_ptr() % ALIGNMENT for i in in_place if i in self.partition.mutated):
             return "an input mutated in place is not 16-byte aligned"
@@ -380,15 +388,19 @@ class PartitionGraph:
             if held is None:
                 recording = r
                 break
+        fed = None
         if recording is None and len(here) >= TWINS:
-            self.held[key] = kept + 1
-            return self._eager(args, "outputs of the previous replays were still held by the caller "
-                                     f"({here[-1].describe_output(held)})")
+            fed = self._fed_forward(key, args)
+            if fed is None:
+                self.held[key] = kept + 1
+                return self._eager(args, "outputs of the previous replays were still held by the caller "
+                                         f"({here[-1].describe_output(held)})")
+            self.links[key] = self.links.get(key, 0) + 1
         if kept:
             del self.held[key]
         if recording is None:
             with rec.on_device_of(args):  # capture, PI's check and SCG's timings on the partition's device
-                recording = self._record(key, args, twin=here[-1] if here else None)
+                recording = self._record(key, args, twin=fed or (here[-1] if here else None), fed=fed)
                 # SCG decides at the first recording of these sizes; later ones keep its decision
                 declined = (not isinstance(recording, str) and self.scg and not recordings
                             and not self._select(recording, args))
@@ -410,7 +422,20 @@ class PartitionGraph:
         if not recording.accepts(args):
             return self._eager(args, "an input expanded when recorded is not expanded now")
         self.stats.replays += 1
+        recording.replays += 1
         return recording.replay(args)
+
+    def _fed_forward(self, key: tuple, args: list) -> Recording | None:
+        """Where every recording here has its outputs held: the recording whose held output this call
+        takes, if it was replayed more than once (a loop that feeds each output to the next call and
+        keeps them all, run again each step: a link reading that output in place will match again) and
+        the chain at these sizes is shorter than CHAIN. A state fed back for ever (an RNN cell in grad
+        mode) never replays a recording twice, and records no link."""
+        if self.links.get(key, 0) >= CHAIN:
+            return None
+        ptrs = {a.data_ptr() for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.partition.static}
+        return next((r for r in self.recordings[key] if r.replays > 1 and any(t.data_ptr() in ptrs for t in r.tensors)),
+                    None)
 
 
 def _nesting(fn: Callable, nesting: list) -> Callable:

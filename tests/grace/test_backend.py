@@ -160,6 +160,30 @@ def test_the_partition_after_a_torch_cond_takes_its_output_list_and_replays_on_e
     assert len(parts) == 2 and all(p.status == "captured" and p.replays >= 5 for p in parts), parts
 
 
+def test_states_collected_over_a_loop_replay_every_step_once_it_repeats(cpu_partitions):
+    """An RNN cell in grad mode run over a sequence, every state kept until the step stacks them (the
+    corpus's states_collected_over_a_loop): each state is the next call's input while the earlier ones
+    are held, so each place in the loop gets a recording reading the state before in place."""
+    torch.manual_seed(0)
+    cell = torch.nn.GRUCell(8, 8)
+    compiled = torch.compile(cell, backend="grace", options={"pi": False, "scg": False})
+
+    def step(f, x):
+        h, hs = torch.zeros(4, 8), []
+        for t in range(len(x)):
+            h = f(x[t], h)
+            hs.append(h)
+        return torch.stack(hs)
+
+    x = torch.randn(5, 4, 8)
+    for _ in range(6):
+        torch.testing.assert_close(step(compiled, x), step(cell, x))
+    before = {id(p): p.replays for g in grace.REPORTS for p in g.partitions}
+    step(compiled, x)
+    replayed = sum(p.replays - before[id(p)] for g in grace.REPORTS for p in g.partitions)
+    assert replayed == 5, [p for g in grace.REPORTS for p in g.partitions]
+
+
 def test_explain_passes_keyword_arguments_as_a_huggingface_model_takes_them(cpu_partitions):
     def forward(input_ids, attention_mask=None):
         return (input_ids * attention_mask).float().softmax(-1)

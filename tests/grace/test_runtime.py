@@ -241,6 +241,47 @@ def test_a_state_fed_back_and_kept_records_one_twin_not_one_per_call(cpu_graphs)
     assert "still held" in stats.reason
 
 
+def _chain_step(part, w, links):
+    """One step of a loop that feeds each output to the next call and keeps them all: every value
+    checked once the step is over, so that a replay over a kept output shows."""
+    ys = [torch.randn(4)]
+    for _ in range(links):
+        (y,) = part([ys[-1], w])
+        ys.append(y)
+    for x, y in zip(ys, ys[1:]):
+        torch.testing.assert_close(y, x * w + 1)
+    return ys
+
+
+def test_a_chain_of_outputs_fed_forward_and_kept_replays_every_call_once_it_repeats(cpu_graphs):
+    """Each call takes the previous call's output and the step keeps them all (the corpus's
+    outputs_fed_forward_and_kept): once the chain has repeated, each place in it has a recording that
+    reads its predecessor's output in place, as graph trees' chain of recordings does, and every call
+    replays."""
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.full((4,), 0.5)
+    for _ in range(4):
+        _chain_step(part, w, 4)
+    before = stats.replays
+    _chain_step(part, w, 4)
+    assert stats.replays - before == 4 and stats.eager_calls == 2  # the last call of steps 1 and 2
+    assert stats.recorded_for == {"first at these sizes": 1, "twin": 1, "output fed forward": 2}
+
+
+def test_a_chain_longer_than_its_limit_keeps_its_graphs_for_its_first_links(cpu_graphs):
+    """A chain longer than CHAIN links records that many and runs the rest of each step without a graph,
+    never giving the partition's graphs up (MAX_RERECORDS)."""
+    part, stats = _part(_partition_fn([]), static={1})
+    w = torch.full((4,), 0.5)
+    n = runtime.CHAIN + 6
+    for _ in range(n):
+        _chain_step(part, w, n)
+    before, eager = stats.replays, stats.eager_calls
+    _chain_step(part, w, n)
+    assert stats.status == "captured" and part.links[()] == runtime.CHAIN
+    assert stats.replays - before == runtime.CHAIN + 2 and stats.eager_calls - eager == n - runtime.CHAIN - 2
+
+
 @pytest.mark.parametrize("kind", ["static", "mutated"])
 def test_in_place_inputs_that_alternate_keep_a_recording_each(cpu_graphs, kind):
     """Two buffers in turn: two call sites (static), or one input that moved once (a KV cache the
