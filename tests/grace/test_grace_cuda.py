@@ -211,6 +211,31 @@ def test_outputs_still_held_are_not_overwritten_by_the_next_call():
     assert stats.recordings == 2 and stats.replays == 2 and stats.eager_calls == 1 and "still held" in stats.reason
 
 
+@pytest.mark.parametrize("options", [RUNTIME, {"pi": True, "scg": False}])  # SCG may rightly decline
+def test_states_collected_over_a_loop_replay_every_call_once_it_repeats(options):
+    """An RNN cell in grad mode over a sequence, every state kept until the step stacks them: each
+    place in the loop gets a recording that reads the state before in place (a link), and every call
+    of a later step replays, matching eager."""
+    torch.manual_seed(0)
+    cell = torch.nn.GRUCell(32, 32).cuda()
+    compiled = torch.compile(cell, backend="grace", options=options)
+
+    def step(f, x):
+        h, hs = torch.zeros(8, 32, device="cuda"), []
+        for t in range(len(x)):
+            h = f(x[t], h)
+            hs.append(h)
+        return torch.stack(hs)
+
+    x = torch.randn(5, 8, 32, device="cuda")
+    for _ in range(6):
+        torch.testing.assert_close(step(compiled, x), step(cell, x))
+    before = {id(p): p.replays for g in grace.REPORTS for p in g.partitions}
+    torch.testing.assert_close(step(compiled, x), step(cell, x))
+    replayed = sum(p.replays - before[id(p)] for g in grace.REPORTS for p in g.partitions if p.status == "captured")
+    assert replayed >= 5, [p for g in grace.REPORTS for p in g.partitions]
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("keep", [lambda y: y.untyped_storage(), lambda y: y[1:]])
 def test_an_output_held_by_its_storage_or_a_view_alone_is_not_overwritten(keep):
