@@ -105,7 +105,16 @@ def _inner_compile(gm, example_inputs, *, report: GraphReport, candidates: list,
 
 def _compile(gm: torch.fx.GraphModule, example_inputs, report: GraphReport | None):
     """Inductor's compile_fx, with GraCE's runtime around each partition (report given) or as stock Inductor
-    compiles it without CUDA graphs (None)."""
+    compiles it without CUDA graphs (None); inputs that CGCT copies to the GPU are kept from pinned memory
+    (cgct.cpu_inputs.PinnedCopied)."""
+    positions = cgct.cpu_inputs.moved(gm)
+    compiled = _compile_partitioned(gm, example_inputs, report)
+    if positions:
+        return cgct.cpu_inputs.PinnedCopied(compiled, positions, cgct.compute_device(example_inputs))
+    return compiled
+
+
+def _compile_partitioned(gm: torch.fx.GraphModule, example_inputs, report: GraphReport | None):
     with adapter.aot_config():
         if report is None:
             return adapter.compile_fx(gm, example_inputs)

@@ -63,6 +63,35 @@ def test_cgct_moves_cpu_factories_and_inputs_that_feed_gpu_work():
     torch.testing.assert_close(_retarget(gm, torch.device("cpu"))(x, table), expected)
 
 
+def test_the_inputs_cgct_copies_to_the_gpu_are_known_by_position():
+    gm = _schedule_graph()
+    assert cgct.cpu_inputs.moved(gm) == []
+    cgct.apply(gm, [_fake_gpu(4), torch.linspace(0.1, 1.0, 10)])
+    assert cgct.cpu_inputs.moved(gm) == [1]  # table, the second input
+
+
+def test_a_moved_input_in_pinned_memory_is_handed_over_as_a_pageable_copy(monkeypatch):
+    """A non-blocking copy from pinned memory reads it when the stream gets there, after the call may have
+    returned; a copy of the input, made before the call, keeps the caller's later writes out of it. An
+    expanded input, whose copy would have other strides, goes as it is and the call waits for the stream."""
+    pinned = set()
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t: id(t) in pinned)
+    waited = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {
+        "synchronize": lambda self: waited.append(device)})())
+    seen = []
+    call = cgct.cpu_inputs.PinnedCopied(lambda *args: seen.append(args) or "out", [1], GPU)
+    x, table = torch.randn(4), torch.linspace(0.1, 1.0, 10)
+    assert call(x, table) == "out" and seen[-1][1] is table and not waited  # pageable: as given
+    pinned.add(id(table))
+    assert call(x, table) == "out"
+    assert seen[-1][0] is x and seen[-1][1] is not table and torch.equal(seen[-1][1], table) and not waited
+    expanded = torch.ones(1).expand(10)
+    pinned.add(id(expanded))
+    call(x, expanded)
+    assert seen[-1][1] is expanded and waited == [GPU]
+
+
 def leaks_to_output(x, table):
     return x * table[3], table * 2  # table's CPU result is an output: moving it would change it
 

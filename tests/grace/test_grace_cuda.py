@@ -195,6 +195,21 @@ def test_a_mutated_input_that_moves_every_call_is_copied_in_and_back(options):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("options", [RUNTIME, None])
+def test_a_pinned_cpu_input_written_as_soon_as_the_call_returns_is_read_as_given(options):
+    """CGCT copies the CPU scale to the GPU without blocking; from pinned memory that copy would run behind
+    the queued matmul, after the caller wrote the buffer again."""
+    scale, busy = torch.empty(4, pin_memory=True), torch.randn(4096, 4096, device="cuda")
+    x = torch.randn(4, device="cuda")
+    f = torch.compile(lambda x, s: x * s.to(x.device), backend="grace", options=options)
+    for i in range(4):
+        busy @ busy  # about a millisecond of GPU work ahead of the call's
+        scale.fill_(i + 1.0)
+        out = f(x, scale)
+        scale.fill_(-1.0)
+        torch.testing.assert_close(out, x * (i + 1.0))
+
+
 def test_outputs_still_held_are_not_overwritten_by_the_next_call():
     torch.compiler.reset()  # a graph of its own: Dynamo would reuse an earlier test's for the same module type
     model = _mlp()
