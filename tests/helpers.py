@@ -35,6 +35,36 @@ def frozen_weights_backend(gm, example_inputs):
     return run
 
 
+def frozen_rng_backend(gm, example_inputs):
+    """Draws the same random numbers on every call, as a replay that never advances the generator would."""
+    first = []
+
+    def run(*args):
+        if not first:
+            first.append(torch.get_rng_state())
+        torch.set_rng_state(first[0])
+        return gm(*args)
+
+    return run
+
+
+def own_rng_backend(gm, example_inputs):
+    """Draws from a generator state of its own that only it advances, as a replay blind to the caller's
+    torch.manual_seed would."""
+    own = []
+
+    def run(*args):
+        caller = torch.get_rng_state()
+        torch.set_rng_state(own[0] if own else caller)
+        try:
+            return gm(*args)
+        finally:
+            own[:] = [torch.get_rng_state()]
+            torch.set_rng_state(caller)
+
+    return run
+
+
 def stale_backend(gm, example_inputs):
     """Returns its first call's outputs on every call, as a replay that reads a stale input would."""
     first = []

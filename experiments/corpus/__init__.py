@@ -65,7 +65,7 @@ def difference(got: Any, want: Any, compare: str = "close") -> str | None:
     """Why `got` is not what eager computed (`want`), or None (Program.compare says how): the same
     structure, each tensor of the same shape and dtype, and equal (integers, bools) or close (floating and
     complex: elementwise, or within NORM of eager's norm, or of NEGLIGIBLE times the largest output's
-    where that is more); `shape`: shape, dtype and finiteness only."""
+    where that is more); `random`: shape, dtype and finiteness only (see `draws` for the rest)."""
     if compare == "none":
         return None
     got_leaves, got_spec = pytree.tree_flatten(got)
@@ -81,7 +81,7 @@ def difference(got: Any, want: Any, compare: str = "close") -> str | None:
             continue
         if g.shape != w.shape or g.dtype != w.dtype:
             return f"output {k}: {g.dtype} {list(g.shape)} is not eager's {w.dtype} {list(w.shape)}"
-        if compare == "shape":
+        if compare == "random":
             if g.is_floating_point() and not torch.isfinite(g).all():
                 return f"output {k}: not finite"
             continue
@@ -95,6 +95,24 @@ def difference(got: Any, want: Any, compare: str = "close") -> str | None:
         elif not torch.equal(g, w):
             return f"output {k}: {int((g != w).sum())} of {w.numel()} elements differ"
     return None
+
+
+def draws(got: Any, got_before: Any, want: Any, want_before: Any) -> str | None:
+    """Where random numbers are drawn inside (`random`), eager's values cannot be matched, but whether
+    a call drew the same numbers as the call before can: the same seed again, or new draws. Why `got`
+    departs from that pattern of eager's (`want`), or None: a replay that does not advance or reseed
+    the generator repeats its numbers, or one that ignores a reseed draws new ones. The outputs are
+    host copies (_host), which a later replay writing its output buffer again cannot change."""
+    same, want_same = _identical(got, got_before), _identical(want, want_before)
+    if same == want_same:
+        return None
+    return ("the same random numbers as the call before, where eager drew new ones" if same else
+            "new random numbers, where eager drew the same as the call before (the same seed)")
+
+
+def _identical(a: Any, b: Any) -> bool:
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+               for x, y in zip(pytree.tree_leaves(a), pytree.tree_leaves(b)))
 
 
 def _is_grace(variant: str) -> bool:
@@ -198,13 +216,19 @@ def _run_variants(builder: Callable, name: str, device: torch.device, variants: 
         try:
             torch.manual_seed(0)
             program = builder(device, _compiler(VARIANTS[v]))
+            before = None  # the previous call's output, for `random`
             for i in range(calls):  # the first compiles (minutes, for some): no other job's rounds wait on it
                 with on_gpu() if i else contextlib.nullcontext():
                     out = _host(program.step(*program.inputs(i)))
                 if v == "eager":
                     reference.append(out)
-                elif r["status"] == "ok" and (why := difference(out, reference[i], program.compare)):
-                    r.update(status="mismatch", reason=f"call {i}: {why}")
+                elif r["status"] == "ok":
+                    why = difference(out, reference[i], program.compare)
+                    if why is None and program.compare == "random" and i:
+                        why = draws(out, before, reference[i], reference[i - 1])
+                    if why:
+                        r.update(status="mismatch", reason=f"call {i}: {why}")
+                before = out
         except Exception as e:
             _repair(device)
             if v == "eager":

@@ -24,8 +24,9 @@ from torch.utils.checkpoint import checkpoint
 class Program:
     step: Callable[..., Any]  # one call: returns what is compared with eager
     inputs: Callable[[int], tuple]  # the arguments of call i (the same for every variant)
-    compare: str = "close"  # with eager: close (elementwise), norm (normwise, deep float32 models), shape (random
-                            # numbers inside: shape, dtype and finiteness), none (data-dependent outputs)
+    compare: str = "close"  # with eager: close (elementwise), norm (normwise, deep float32 models), random
+                            # (numbers drawn inside: shape, dtype and finiteness, and whether a call drew
+                            # the same numbers as the one before where eager did), none (data-dependent)
 
 
 Compile = Callable[[Any], Any]
@@ -213,28 +214,48 @@ def cache_grown_by_cat_in_forward(device, compile):  # a module attribute replac
 
 
 # --- Random numbers ------------------------------------------------------------------------------
+# The same input on every call, so that what changes from one call to the next is what was drawn: new
+# numbers each call, or the same again where the seed is set again (Program.compare `random`)
+
+def _same_x(device, *shape):
+    x = _x(device, *shape)(0)
+    return lambda i: x
+
 
 @hazard
 def dropout_in_training(device, compile):
     model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).to(device).train()
-    return Program(compile(model), _x(device, 4, 8), compare="shape")
+    return Program(compile(model), _same_x(device, 4, 8), compare="random")
 
 
 @hazard
 def rand_in_forward(device, compile):
     f = compile(lambda x: x + torch.rand_like(x))
-    return Program(f, _x(device, 8), compare="shape")
+    return Program(f, _same_x(device, 8), compare="random")
+
+
+@hazard
+def seed_set_again_between_calls(device, compile):
+    """torch.manual_seed before a call, the same seed for two calls in turn: reproducible sampling."""
+    f = compile(lambda x: F.dropout(x, 0.5) + torch.randn_like(x))
+    x = _x(device, 4, 8)(0)[0]
+
+    def step(i, x):
+        torch.manual_seed(i // 2)
+        return f(x)
+    return Program(step, lambda i: (i, x), compare="random")
 
 
 @hazard
 def explicit_generator_in_forward(device, compile):
     generator = torch.Generator(device=device)
     f = compile(lambda x: x + torch.randn(x.shape, generator=generator, device=x.device) * 0.1)
+    x = _x(device, 4, 8)(0)[0]
 
     def step(i, x):
-        generator.manual_seed(i)
+        generator.manual_seed(i // 2)
         return f(x)
-    return Program(step, lambda i: (i, _x(device, 4, 8)(i)[0]), compare="shape")
+    return Program(step, lambda i: (i, x), compare="random")
 
 
 # --- Data-dependent shapes -----------------------------------------------------------------------

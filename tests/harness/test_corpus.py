@@ -8,7 +8,7 @@ import torch
 
 from experiments import corpus
 from experiments.corpus.hazards import HAZARDS
-from tests.helpers import frozen_weights_backend, offset_backend, stale_backend
+from tests.helpers import frozen_rng_backend, frozen_weights_backend, offset_backend, own_rng_backend, stale_backend
 
 CPU = torch.device("cpu")
 
@@ -179,6 +179,9 @@ def test_grace_replays_each_hazard_right_where_inductor_partitions_it_as_on_a_gp
     (offset_backend, ["python_float_argument", "training_step", "kv_cache_written_in_place"]),  # off by 0.5
     (stale_backend, ["python_float_argument", "cpu_tensor_input", "shape_changes_every_call"]),  # a stale result
     (frozen_weights_backend, ["weights_loaded_between_calls", "parameter_data_swapped"]),  # the old weights
+    # the same random numbers every call; new ones where the caller set the seed again
+    (frozen_rng_backend, ["rand_in_forward", "dropout_in_training", "seed_set_again_between_calls"]),
+    (own_rng_backend, ["seed_set_again_between_calls"]),
 ])
 def test_a_wrong_program_comes_out_mismatch(monkeypatch, backend, programs):
     monkeypatch.setitem(corpus.VARIANTS, "wrong", {"backend": backend})
@@ -202,8 +205,8 @@ def test_difference_compares_structure_dtype_and_values():
     assert "off by up to 0.5" in corpus.difference([t + 0.5], [t])
     assert "elements differ" in corpus.difference([t.long() + 1], [t.long()])
     assert "structure" in corpus.difference((t, t), [t, t])
-    assert corpus.difference([t + 9], [t], "shape") is None  # random inside: shape and dtype only
-    assert "not finite" in corpus.difference([t / 0], [t], "shape")
+    assert corpus.difference([t + 9], [t], "random") is None  # drawn inside: shape and dtype only
+    assert "not finite" in corpus.difference([t / 0], [t], "random")
     big = torch.randn(1000)
     assert corpus.difference([big * 1.001], [big], "norm") is None  # 0.1 % of the norm
     assert "of its norm" in corpus.difference([big * 1.02], [big], "norm")  # 2 %: beyond NORM
@@ -211,6 +214,14 @@ def test_difference_compares_structure_dtype_and_values():
     assert corpus.difference([big, -noise], [big, noise], "norm") is None
     assert "output 1: off by" in corpus.difference([big, big[:10] * 0], [big, big[:10] * 0.01], "norm")
     assert corpus.difference([t + 9], [t], "none") is None
+
+
+def test_draws_compares_which_calls_drew_the_same_numbers_as_the_one_before_with_eagers():
+    a, b = torch.rand(4), torch.rand(4)
+    assert corpus.draws([b + 1], [a + 1], [b], [a]) is None  # new draws, as eager's
+    assert corpus.draws([a + 1], [a + 1], [a], [a]) is None  # the same seed again, as eager's
+    assert "the same random numbers" in corpus.draws([a + 1], [a + 1], [b], [a])
+    assert "new random numbers" in corpus.draws([b + 1], [a + 1], [a], [a])
 
 
 def test_the_zoo_holds_every_torchvision_model_and_timm_families():
