@@ -65,6 +65,19 @@ def own_rng_backend(gm, example_inputs):
     return run
 
 
+def redrawn_backward_backend(gm, example_inputs):
+    """Returns one draw's values with another draw's gradient, as a backward that read the random mask of
+    a later forward would."""
+
+    def run(*args):
+        with torch.no_grad():
+            shown = gm(*args)
+        drawn = gm(*args)
+        return pytree.tree_map(lambda s, d: s + (d - d.detach()) if isinstance(d, torch.Tensor) else s, shown, drawn)
+
+    return run
+
+
 def stale_backend(gm, example_inputs):
     """Returns its first call's outputs on every call, as a replay that reads a stale input would."""
     first = []

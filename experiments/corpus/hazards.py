@@ -247,6 +247,21 @@ def seed_set_again_between_calls(device, compile):
 
 
 @hazard
+def dropout_masks_of_two_forwards_in_one_backward(device, compile):
+    """Two forwards, each with its own dropout mask, then one backward, which must use each forward's
+    mask: on ones, an element's gradient is exactly its output (kept: 3 / 0.5, dropped: 0). Compared
+    as booleans, equal whatever numbers were drawn; and the two masks differ."""
+    f = compile(lambda x: F.dropout(x, 0.5) * 3.0)
+
+    def step(i):
+        xs = [torch.ones(64, device=device, requires_grad=True) for _ in range(2)]
+        ys = [f(x) for x in xs]
+        (ys[0].sum() + ys[1].sum()).backward()
+        return [x.grad == y for x, y in zip(xs, ys)] + [(ys[0] != ys[1]).any()]
+    return Program(step, lambda i: (i,))
+
+
+@hazard
 def explicit_generator_in_forward(device, compile):
     generator = torch.Generator(device=device)
     f = compile(lambda x: x + torch.randn(x.shape, generator=generator, device=x.device) * 0.1)

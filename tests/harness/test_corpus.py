@@ -8,7 +8,8 @@ import torch
 
 from experiments import corpus
 from experiments.corpus.hazards import HAZARDS
-from tests.helpers import frozen_rng_backend, frozen_weights_backend, offset_backend, own_rng_backend, stale_backend
+from tests.helpers import (frozen_rng_backend, frozen_weights_backend, offset_backend, own_rng_backend,
+                           redrawn_backward_backend, stale_backend)
 
 CPU = torch.device("cpu")
 
@@ -180,8 +181,10 @@ def test_grace_replays_each_hazard_right_where_inductor_partitions_it_as_on_a_gp
     (stale_backend, ["python_float_argument", "cpu_tensor_input", "shape_changes_every_call"]),  # a stale result
     (frozen_weights_backend, ["weights_loaded_between_calls", "parameter_data_swapped"]),  # the old weights
     # the same random numbers every call; new ones where the caller set the seed again
-    (frozen_rng_backend, ["rand_in_forward", "dropout_in_training", "seed_set_again_between_calls"]),
+    (frozen_rng_backend, ["rand_in_forward", "dropout_in_training", "seed_set_again_between_calls",
+                          "dropout_masks_of_two_forwards_in_one_backward"]),
     (own_rng_backend, ["seed_set_again_between_calls"]),
+    (redrawn_backward_backend, ["dropout_masks_of_two_forwards_in_one_backward"]),  # another mask's gradient
 ])
 def test_a_wrong_program_comes_out_mismatch(monkeypatch, backend, programs):
     monkeypatch.setitem(corpus.VARIANTS, "wrong", {"backend": backend})
