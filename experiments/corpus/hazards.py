@@ -247,6 +247,21 @@ def seed_set_again_between_calls(device, compile):
 
 
 @hazard
+def tokens_sampled_with_a_seed(device, compile):
+    """A decoding step that samples the next tokens (temperature, softmax, multinomial), seeded for two
+    calls in turn as a user reproducing a generation would."""
+    head = nn.Linear(16, 50).to(device)
+    f = compile(lambda h: torch.multinomial(torch.softmax(head(h) / 0.8, -1), 1))
+    h = _x(device, 16, 16)(0)[0]
+
+    def step(i, h):
+        torch.manual_seed(i // 2)
+        with torch.no_grad():
+            return f(h)
+    return Program(step, lambda i: (i, h), compare="random")
+
+
+@hazard
 def dropout_masks_of_two_forwards_in_one_backward(device, compile):
     """Two forwards, each with its own dropout mask, then one backward, which must use each forward's
     mask: on ones, an element's gradient is exactly its output (kept: 3 / 0.5, dropped: 0). Compared

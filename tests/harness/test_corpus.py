@@ -182,8 +182,8 @@ def test_grace_replays_each_hazard_right_where_inductor_partitions_it_as_on_a_gp
     (frozen_weights_backend, ["weights_loaded_between_calls", "parameter_data_swapped"]),  # the old weights
     # the same random numbers every call; new ones where the caller set the seed again
     (frozen_rng_backend, ["rand_in_forward", "dropout_in_training", "seed_set_again_between_calls",
-                          "dropout_masks_of_two_forwards_in_one_backward"]),
-    (own_rng_backend, ["seed_set_again_between_calls"]),
+                          "tokens_sampled_with_a_seed", "dropout_masks_of_two_forwards_in_one_backward"]),
+    (own_rng_backend, ["seed_set_again_between_calls", "tokens_sampled_with_a_seed"]),
     (redrawn_backward_backend, ["dropout_masks_of_two_forwards_in_one_backward"]),  # another mask's gradient
 ])
 def test_a_wrong_program_comes_out_mismatch(monkeypatch, backend, programs):
