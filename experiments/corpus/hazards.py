@@ -234,31 +234,27 @@ def rand_in_forward(device, compile):
     return Program(f, _same_x(device, 8), compare="random")
 
 
-@hazard
-def seed_set_again_between_calls(device, compile):
-    """torch.manual_seed before a call, the same seed for two calls in turn: reproducible sampling."""
-    f = compile(lambda x: F.dropout(x, 0.5) + torch.randn_like(x))
-    x = _x(device, 4, 8)(0)[0]
-
+def _seeded_in_pairs(f, x, seed: Callable[[int], Any] = torch.manual_seed) -> Program:
+    """f(x) after seed(i // 2) on call i: the same seed for two calls in turn, as a user reproducing a
+    run sets it."""
     def step(i, x):
-        torch.manual_seed(i // 2)
+        seed(i // 2)
         return f(x)
     return Program(step, lambda i: (i, x), compare="random")
 
 
 @hazard
+def seed_set_again_between_calls(device, compile):
+    f = compile(lambda x: F.dropout(x, 0.5) + torch.randn_like(x))
+    return _seeded_in_pairs(f, _x(device, 4, 8)(0)[0])
+
+
+@hazard
 def tokens_sampled_with_a_seed(device, compile):
-    """A decoding step that samples the next tokens (temperature, softmax, multinomial), seeded for two
-    calls in turn as a user reproducing a generation would."""
+    """A decoding step that samples the next tokens (temperature, softmax, multinomial)."""
     head = nn.Linear(16, 50).to(device)
     f = compile(lambda h: torch.multinomial(torch.softmax(head(h) / 0.8, -1), 1))
-    h = _x(device, 16, 16)(0)[0]
-
-    def step(i, h):
-        torch.manual_seed(i // 2)
-        with torch.no_grad():
-            return f(h)
-    return Program(step, lambda i: (i, h), compare="random")
+    return _seeded_in_pairs(torch.no_grad()(f), _x(device, 16, 16)(0)[0])
 
 
 @hazard
@@ -280,12 +276,7 @@ def dropout_masks_of_two_forwards_in_one_backward(device, compile):
 def explicit_generator_in_forward(device, compile):
     generator = torch.Generator(device=device)
     f = compile(lambda x: x + torch.randn(x.shape, generator=generator, device=x.device) * 0.1)
-    x = _x(device, 4, 8)(0)[0]
-
-    def step(i, x):
-        generator.manual_seed(i // 2)
-        return f(x)
-    return Program(step, lambda i: (i, x), compare="random")
+    return _seeded_in_pairs(f, _x(device, 4, 8)(0)[0], generator.manual_seed)
 
 
 # --- Data-dependent shapes -----------------------------------------------------------------------
