@@ -124,6 +124,26 @@ def cpu_tensor_input(device, compile):
     return Program(f, lambda i: (_x(device, 8)(i)[0], torch.tensor(2.0 + i)))
 
 
+@hazard
+def pinned_cpu_input_written_after_the_call(device, compile):
+    """A pinned CPU tensor (a staging buffer, as pin_memory gives) that the compiled code copies to the GPU,
+    written by the caller as soon as the call returns while the GPU is still busy with earlier work: the
+    call must compute with the values it was given, as eager's blocking copy does."""
+    on_gpu = device.type == "cuda"
+    scale = torch.empty(4, pin_memory=on_gpu)
+    busy = torch.randn(4096, 4096, device=device) if on_gpu else None  # about a millisecond of GPU work
+    f = compile(lambda x, s: x * s.to(x.device))
+
+    def step(i, x):
+        if busy is not None:
+            busy @ busy  # queued: a copy that does not wait for it runs after the call has returned
+        scale.fill_(i + 1.0)
+        out = f(x, scale)
+        scale.fill_(-1.0)
+        return out
+    return Program(step, lambda i: (i, _x(device, 4)(i)[0]))
+
+
 class _Schedule(nn.Module):
     def __init__(self):
         super().__init__()

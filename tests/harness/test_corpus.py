@@ -177,7 +177,8 @@ def test_grace_replays_each_hazard_right_where_inductor_partitions_it_as_on_a_gp
 
 
 @pytest.mark.parametrize("backend, programs", [
-    (offset_backend, ["python_float_argument", "training_step", "kv_cache_written_in_place"]),  # off by 0.5
+    (offset_backend, ["python_float_argument", "training_step", "kv_cache_written_in_place",
+                      "pinned_cpu_input_written_after_the_call"]),  # off by 0.5
     (stale_backend, ["python_float_argument", "cpu_tensor_input", "shape_changes_every_call"]),  # a stale result
     (frozen_weights_backend, ["weights_loaded_between_calls", "parameter_data_swapped"]),  # the old weights
     # the same random numbers every call; new ones where the caller set the seed again
