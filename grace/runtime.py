@@ -412,6 +412,8 @@ class PartitionGraph:
                 return self._eager(args)
             if recordings:
                 recording.set_pi(recordings[-1].pi_on)
+                s = self.stats  # _record counted this recording's copies with PI on
+                s.pi_inputs, s.copy_bytes_per_replay = len(recording.pi_inputs), recording.copy_bytes
             if len(recordings) >= KEEP:
                 recordings.pop(0).drop()
             recordings.append(recording)

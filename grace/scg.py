@@ -248,5 +248,7 @@ def select(recording: Recording, fn: Callable, args: list, group=None) -> Decisi
                           slowest_rank(group) if group is not None else None)
     finally:
         snapshot.restore()
-    recording.set_pi(decision.choice == Choice.GRAPH_PI)
+    # Without a PI candidate there was no copying to weigh against re-pointing: PI stays on for the later
+    # recordings of these sizes that inherit this one's setting and copy an input (one that moved)
+    recording.set_pi(decision.choice == Choice.GRAPH_PI or Choice.GRAPH_PI not in runs)
     return decision

@@ -7,7 +7,7 @@ import weakref
 import pytest
 import torch
 
-from grace import runtime, scg
+from grace import recording, runtime, scg
 from grace.snapshot import Snapshot
 from tests.grace.fakes import (_part, _repointable_part)
 
@@ -39,6 +39,44 @@ def test_scg_chooses_among_no_graph_copies_and_pi(cpu_graphs, monkeypatch, faste
     assert len(alive) == len(part.recordings[()]) == (0 if fastest == "eager" else 1)  # declined: freed
     if fastest == "graph":
         assert stats.pi_reasons == ["SCG: faster copying the inputs than re-pointing the graph"]
+
+
+def test_a_later_recording_keeps_pi_where_the_first_had_no_copies_to_weigh(cpu_graphs, monkeypatch):
+    """SCG decides at the first recording of a partition's sizes, and later recordings (a twin, an input
+    that moved) keep its decision. Where the first read every input in place, SCG only chose a graph
+    over eager: a later recording that copies an input is still served by PI. It was not (DGPT2's
+    training step copied 164 MB a step that the pi variant did not)."""
+    monkeypatch.setattr(scg, "timer", lambda name, run: (run(), 1.0 if name == "graph" else 2.0)[1])
+    monkeypatch.setattr(recording, "OUTPUTS", weakref.WeakValueDictionary())
+    part, stats, live = _repointable_part(monkeypatch)
+    part.scg = True
+    w, upstream = torch.full((4,), 2.0), live(torch.randn(4))
+    recording.OUTPUTS[upstream.data_ptr()] = upstream  # as if a graph upstream had made it: read in place
+    for x in [upstream, upstream] + [live(torch.randn(4)) for _ in range(3)]:
+        (y,) = part([x, w])
+        torch.testing.assert_close(y, x * w + 1)
+        del y
+    assert stats.scg["choice"] == "graph" and set(stats.scg["measured_us"]) == {"graph", "eager"}
+    first, later = part.recordings[()]
+    assert first.copied == [] and later.copied == [0]
+    assert later.pi_on and later.copy_bytes == 0
+    assert (stats.pi_inputs, stats.copy_bytes_per_replay) == (1, 0)
+
+
+def test_a_later_recording_that_keeps_scgs_copies_says_so(cpu_graphs, monkeypatch):
+    """Where SCG found copying faster than re-pointing, a twin (the caller still holds the first
+    recording's output) copies too, and the partition's stats say what its replays copy."""
+    monkeypatch.setattr(scg, "timer", lambda name, run: (run(), 1.0 if name == "graph" else 2.0)[1])
+    part, stats, live = _repointable_part(monkeypatch)
+    part.scg = True
+    w, held = torch.full((4,), 2.0), []
+    for _ in range(4):
+        x = live(torch.randn(4))
+        held.append(part([x, w])[0])
+        torch.testing.assert_close(held[-1], x * w + 1)
+    assert stats.scg["choice"] == "graph" and stats.recorded_for == {"first at these sizes": 1, "twin": 1}
+    assert not any(r.pi_on for r in part.recordings[()])
+    assert (stats.pi_inputs, stats.copy_bytes_per_replay) == (0, 16)
 
 
 def _costs(kernels, copy_bytes=0, copies=0, gpu_us=0.0):
