@@ -45,14 +45,16 @@ fi
 saver=$!
 experiment_log() { step python3 run.py -m "$@" 2>&1 | grep --line-buffered -v '^USDT' >> "$out/$experiment.log"; }
 if [ "$experiment" = suite ]; then
-  # Session after session, each planned from the records so far by scripts/suite_jobs.py: while one fits
-  # what is left of LIMIT, then one whose end does not matter (a workload never measured here)
+  # Session after session, each planned from the records so far by scripts/suite_jobs.py, while one fits
+  # what is left of LIMIT; where none fits a whole call, one never measured here has the call to itself
   fit=--fit
+  first=1
   while [ "$(left)" -gt 60 ]; do
     if ! plan=$(python3 scripts/suite_jobs.py --call $(( ${LIMIT:-570} - 30 )) --seconds $(( $(left) - 30 )) $fit); then
-      [ -n "$fit" ] && fit= && continue
+      [ -n "$fit" ] && [ "$first" = 1 ] && fit= && continue
       break
     fi
+    first=0
     echo "suite: $plan" | tee -a "$out/$experiment.log"
     # shellcheck disable=SC2086  # the plan is words: experiment, workloads, variants
     experiment_log experiment=$plan "$@"

@@ -11,14 +11,15 @@ and then the ablation, `fig10`, whole or, where that would not fit either, in pa
 variant=[inductor,grace,runtime,cgct]`), each part a session with the same anchors.
 
 A session's workers are set up one after another, so its time is counted per worker: the latest whole
-session of the workload on this machine, else on another, scaled by the most this machine was slower on a
-workload both measured; never less than a quarter more than a session stopped here ran. Only the
-sessions of the newest code that ran on this machine count there. The call takes the longest that fit
-(first fit, decreasing), then one more whose end does not matter (the sweep measures a workload its time
-ran out on again, whole): one never measured, else the shortest left. Where none fits, one never measured
-goes alone, by `fig9`; with `--fit`, only those that fit. A workload whose `fig9` set or one ablation
-variant with the anchors would not fit by its time on this machine is named on stderr and left out; by
-another machine's time only, it is tried as one never measured. A rerun after each call packs again from what is left.
+session of the workload on this machine, whatever its code; else the latest whole session on another
+machine, scaled by the most this machine was slower on a workload both measured. Either way
+never less than a quarter more than the latest session of it stopped here since ran. The call takes the longest that fit (first
+fit, decreasing), then one never measured, whose end does not matter: it teaches its time, and the sweep
+measures a workload its time ran out on again, whole. With `--fit`, only those that fit. One that is
+known not to fit is never sent: a call that ends early keeps its device time. A workload whose `fig9`
+set or one ablation variant with the anchors would not fit by its time on this machine is named on
+stderr and left out; by another machine's time only, it is tried by `fig9` as one never measured. A
+rerun after each call packs again from what is left.
 """
 
 from __future__ import annotations
@@ -62,20 +63,27 @@ def workload(name: str) -> tuple[str, str]:
     return conf.name, conf.mode
 
 
-def per_worker(records: list[Record], stopped: bool = False) -> dict[tuple, float]:
+def per_worker(records: list[Record]) -> tuple[dict[tuple, float], dict[tuple, float]]:
     """(workload, mode) -> seconds per worker of its latest session that ran to the end (`workload_s`, its
-    last record's, over the session's workers), whatever their status; with `stopped`, the most of those
-    that were stopped, counted as if all their workers had been set up: the least a worker takes here."""
+    last record's, over the session's workers), whatever their status and code; and that of the latest
+    session stopped since, counted as if all its workers had been set up: the least a worker takes here
+    (the latest, as an earlier one may have run under other settings)."""
     held: dict[str, set[str]] = {}
     for r in records:
         held.setdefault(r.session, set()).add(r.variant)
     cut = {r.session for r in records if r.status == "interrupted"}
     took: dict[tuple, float] = {}
+    stopped: dict[tuple, float] = {}
     for r in records:  # oldest first: a later session replaces an earlier one, its last record the whole time
-        if (r.session in cut) == stopped and r.workload_s:
-            k, t = (r.workload, r.mode), r.workload_s / len(held[r.session])
-            took[k] = max(took.get(k, 0.0), t) if stopped else t
-    return took
+        if not r.workload_s:
+            continue
+        k, t = (r.workload, r.mode), r.workload_s / len(held[r.session])
+        if r.session in cut:
+            stopped[k] = t
+        else:
+            took[k] = t
+            stopped.pop(k, None)  # a stopped session before the latest whole one says nothing more
+    return took, stopped
 
 
 def measured(records: list[Record], final: set[Selection], newest: dict[Selection, Record], key: tuple[str, str],
@@ -117,25 +125,15 @@ def next_session(left: list[str], seconds_per_worker: float | None, seconds: flo
 
 def pack(left: list[tuple[str, str, float | None]], seconds: float, fit: bool = False) -> list[tuple[str, str]]:
     """One call from `left` ((name, session arguments, expected seconds or None), all with the same
-    arguments in a call): the longest that fit, then one more with those arguments whose end does not
-    matter, as the sweep measures a workload its time ran out on again whole: one never measured, else the
-    shortest left. With none that fits, the first of unknown length alone. With `fit`, only those that fit."""
+    arguments in a call): the longest that fit, then, unless `fit`, the first never measured (its end does
+    not matter: it teaches its time, and the sweep measures a workload its time ran out on again whole)."""
     call, total = [], 0.0
     for name, s, t in sorted((x for x in left if x[2] is not None), key=lambda x: -x[2]):
         if total + t <= seconds and (not call or call[0][1] == s):
             call.append((name, s))
             total += t
-    if fit:
-        return call
-    if not call:
-        unknown = [x for x in left if x[2] is None]
-        name, s, _ = unknown[0] if unknown else min(left, key=lambda x: x[2])
-        return [(name, s)]
-    rest = [x for x in left if x[1] == call[0][1] and (x[0], x[1]) not in call]
-    if rest:
-        name, s, _ = min(rest, key=lambda x: x[2] if x[2] is not None else -1.0)
-        call.append((name, s))
-    return call
+    unknown = [(name, s) for name, s, t in left if t is None and (not call or call[0][1] == s)]
+    return call + unknown[:1] if not fit else call
 
 
 def main(argv=None) -> int:
@@ -152,19 +150,15 @@ def main(argv=None) -> int:
     store = RecordStore(args.results / here / "records.jsonl")
     mine = store.load()
     final, newest = store.final_keys(code=env.code), latest(mine)
-    # only the sessions here of the newest code that ran here count: a change of the harness (the float64
-    # checks side by side) halved them, and a code that has not run here yet is most like the last one
-    last_code = mine[-1].env.get("code") if mine else None
-    now = [r for r in mine if r.env.get("code") == last_code]
-    took_here, stopped = per_worker(now), per_worker(now, stopped=True)
+    took_here, stopped = per_worker(mine)
     took_there: dict[tuple, float] = {}
     for f in sorted(args.results.glob("*/records.jsonl")):
         if f.parent.name != here:
-            took_there.update(per_worker(RecordStore(f).load()))
+            took_there.update(per_worker(RecordStore(f).load())[0])
     # the most this machine was slower on any workload, a stopped session counting by what it ran: a call
     # planned too short loses its whole time, one planned too long only some of it
-    slower = max([t / took_there[k] for k, t in took_here.items() if k in took_there] or [1.0])
-    slower = max([slower] + [t / took_there[k] for k, t in stopped.items() if k in took_there])
+    slower = max([t / took_there[k] for d in (took_here, stopped) for k, t in d.items() if k in took_there]
+                 or [1.0])
 
     left = []
     for name in OmegaConf.load(REPO / "conf" / "experiment" / "full.yaml").hydra.sweeper.params.workload.split(","):
