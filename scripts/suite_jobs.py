@@ -12,14 +12,14 @@ variant=[inductor,grace,runtime,cgct]`), each part a session with the same ancho
 
 A session's workers are set up one after another, so its time is counted per worker: the latest whole
 session of the workload on this machine, whatever its code; else the latest whole session on another
-machine, scaled by the most this machine was slower on a workload both measured. Either way
-never less than a quarter more than the latest session of it stopped here since ran. The call takes the longest that fit (first
-fit, decreasing), then one never measured, whose end does not matter: it teaches its time, and the sweep
-measures a workload its time ran out on again, whole. With `--fit`, only those that fit. One that is
-known not to fit is never sent: a call that ends early keeps its device time. A workload whose `fig9`
-set or one ablation variant with the anchors would not fit by its time on this machine is named on
-stderr and left out; by another machine's time only, it is tried by `fig9` as one never measured. A
-rerun after each call packs again from what is left.
+machine, scaled by the most this machine was slower on a workload both measured. Either way never less
+than a quarter more than the latest session of it stopped here since ran. The call takes the longest
+that fit (first fit, decreasing), then one never measured, whose end does not matter: it teaches its
+time, and the sweep measures a workload its time ran out on again, whole. With `--fit`, only those that
+fit. One that is known not to fit is never sent: a call that ends early keeps its device time. A
+workload whose `fig9` set or one ablation variant with the anchors would not fit by its time on this
+machine is named on stderr and left out; by another machine's time only, it is tried by `fig9` as one
+never measured. A rerun after each call packs again from what is left.
 """
 
 from __future__ import annotations
