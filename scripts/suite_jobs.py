@@ -67,7 +67,8 @@ def per_worker(records: list[Record]) -> tuple[dict[tuple, float], dict[tuple, f
     """(workload, mode) -> seconds per worker of its latest session that ran to the end (`workload_s`, its
     last record's, over the session's workers), whatever their status and code; and that of the latest
     session stopped since, counted as if all its workers had been set up: the least a worker takes here
-    (the latest, as an earlier one may have run under other settings)."""
+    (the latest, as an earlier one may have run under other settings). Only sessions with the A/A control
+    count: one from before it had no float64 checks either, which can take a worker's time again."""
     held: dict[str, set[str]] = {}
     for r in records:
         held.setdefault(r.session, set()).add(r.variant)
@@ -75,7 +76,7 @@ def per_worker(records: list[Record]) -> tuple[dict[tuple, float], dict[tuple, f
     took: dict[tuple, float] = {}
     stopped: dict[tuple, float] = {}
     for r in records:  # oldest first: a later session replaces an earlier one, its last record the whole time
-        if not r.workload_s:
+        if not r.workload_s or BASE + AA_SUFFIX not in held[r.session]:
             continue
         k, t = (r.workload, r.mode), r.workload_s / len(held[r.session])
         if r.session in cut:

@@ -170,3 +170,13 @@ def test_a_workloads_own_sessions_here_count_whatever_their_code(tmp_path, gpu, 
     _session(here, newer, *eos, sets["full"], "s6", 70.0, status="interrupted")
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "100", "--fit"]) == 0
     assert capsys.readouterr().out.split()[:2] == ["full", "workload=EOS"]  # 87.5 s: DLRM no longer fits
+
+
+def test_a_session_from_before_the_aa_control_does_not_count(tmp_path, gpu, capsys):
+    env, here, there = gpu
+    dgpt2 = suite_jobs.workload("DGPT2")
+    # 80 s by a session without the A/A control (and so without float64 checks): not a time to plan by
+    _session(there, env, *dgpt2, suite_jobs.own("full"), "s1", 80.0)
+    assert suite_jobs.per_worker(there.load()) == ({}, {})
+    _session(there, env, *dgpt2, _sets()["full"], "s2", 500.0)  # 50 s a worker, with it
+    assert suite_jobs.per_worker(there.load())[0] == {dgpt2: 50.0}
