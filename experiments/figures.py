@@ -35,6 +35,7 @@ LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "
           "pi": "PI", "scg": "SCG", "cgct_pi": "CGCT+PI", "grace": "GraCE",
           "inductor_aa": "A/A control (PyTorch2 again)", "floor": "Floor (the step as one CUDA graph)"}
 GEOMEAN = "geomean"
+AA_WITHIN = 0.03  # issue 29's goal for the A/A control's interval: a session beyond it is not trusted
 NUMBER = re.compile(r"\d+(?:\.\d+)?")  # in a reason: what may differ between workloads
 ENV_COLUMNS = ["gpu", "driver", "torch", "triton", "git_commit", "date", "cpu"]
 
@@ -62,20 +63,37 @@ def padded_otherwise(records: Iterable[Record]) -> dict[tuple[str, str], list[st
     return {key: variants for key, variants in apart.items() if variants}
 
 
+def _aa_controls(records: Iterable[Record], within: bool) -> dict[tuple, Record]:
+    """The sessions (Selection.in_session) whose A/A control's interval lies `within` +-AA_WITHIN or not,
+    with that control's record."""
+    return {r.key.in_session(r.session): r for r in records
+            if r.variant == f"{BASELINE}_aa" and r.status == "ok" and r.speedup_ci
+            and (1 - AA_WITHIN <= r.speedup_ci[0] <= r.speedup_ci[1] <= 1 + AA_WITHIN) == within}
+
+
+def aa_missed(records: Iterable[Record]) -> dict[tuple, Record]:
+    """The sessions whose A/A control's interval reaches beyond +-AA_WITHIN: their host or GPU changed
+    under them, so their comparisons are not trusted where the workload has a session that met it."""
+    return _aa_controls(records, within=False)
+
+
 def one_session(records: Iterable[Record], variants: Sequence[str]) -> dict[Selection, Record]:
     """Per workload (and run and TP degree), the records of `variants` from the newest session where every
     one of them was ok: what a comparison of them takes, so that no ratio between two bars crosses
-    sessions. Workloads with no such session are left out."""
+    sessions. The newest of those whose A/A control met +-AA_WITHIN comes first, where there is one.
+    Workloads with no such session are left out."""
+    records = list(records)
+    met = _aa_controls(records, within=True)
     sessions: dict[tuple, dict[str, Record]] = {}
     for r in records:  # oldest first: each variant's newest record in the session counts
         if r.variant in variants and r.status != "interrupted":
             sessions.setdefault(r.key.in_session(r.session), {})[r.variant] = r
-    chosen: dict[Selection, tuple[str, dict[str, Record]]] = {}
-    for (_, workload), got in sessions.items():
-        date = max(r.env.get("date", "") for r in got.values())
+    chosen: dict[Selection, tuple[tuple[bool, str], dict[str, Record]]] = {}
+    for (session, workload), got in sessions.items():
+        rank = ((session, workload) in met, max(r.env.get("date", "") for r in got.values()))
         whole = len(got) == len(set(variants)) and all(r.status == "ok" for r in got.values())
-        if whole and date >= chosen.get(workload, ("",))[0]:
-            chosen[workload] = (date, got)
+        if whole and rank >= chosen.get(workload, ((False, ""),))[0]:
+            chosen[workload] = (rank, got)
     return {r.key: r for _, got in chosen.values() for r in got.values()}
 
 
@@ -88,7 +106,12 @@ def frame(records: Iterable[Record], together: Sequence[str] = ()) -> pd.DataFra
     anchors = {k: r for k, r in session_baselines(records, BASELINE).items() if r.status == "ok"}
     newest = latest(records)
     if together:
-        newest.update(one_session(records, [BASELINE, *together]))
+        chosen = one_session(records, [BASELINE, *together])
+        newest.update(chosen)
+        # and those sessions' A/A controls and floors: the noise and the floor of what is compared
+        sessions = {r.key.in_session(r.session) for r in chosen.values()}
+        newest.update({r.key: r for r in records if r.variant in (f"{BASELINE}_aa", FLOOR) and r.status == "ok"
+                       and r.key.in_session(r.session) in sessions})
     # a floor compiled otherwise than the workload's variants is no floor under them (DGPT2's lay above them)
     no_floor = {key for key, variants in padded_otherwise(newest.values()).items() if FLOOR in variants}
     rows = []

@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments
 
 from experiments import environment  # noqa: E402
+from experiments.figures import aa_missed  # noqa: E402
 from experiments.records import FINAL_STATUSES, Record, RecordStore, Selection, latest  # noqa: E402
 from experiments.sweep import AA_SUFFIX, FLOOR  # noqa: E402
 
@@ -48,9 +49,6 @@ ANCHORS = (BASE, "grace")  # in every session of a workload measured in parts
 # much more, so that one stopped near a call's end is split rather than planned whole into the same time
 STOPPED_NEEDS = 1.25
 
-# Issue 29's goal for the A/A control: a session whose control misses it (a host slowed mid-session, say)
-# is measured once more; the second session then stands, whatever its control says
-AA_WITHIN = 0.03
 
 
 def own(experiment: str) -> list[str]:
@@ -95,11 +93,12 @@ def per_worker(records: list[Record]) -> tuple[dict[tuple, float], dict[tuple, f
 
 
 def again(records: list[Record], key: tuple[str, str], code: str) -> bool:
-    """Whether `key`'s only session with this code's A/A control missed AA_WITHIN: measure it once more."""
+    """Whether `key`'s only session with this code's A/A control missed figures.AA_WITHIN: then it is
+    measured once more, and the second stands whatever its control says, so that a workload whose noise
+    is its own is not measured forever."""
     controls = [r for r in records if (r.workload, r.mode) == key and r.variant == BASE + AA_SUFFIX
                 and r.status == "ok" and r.env.get("code") == code and r.speedup_ci]
-    lo, hi = controls[-1].speedup_ci if controls else (1.0, 1.0)
-    return len(controls) == 1 and not 1 - AA_WITHIN <= lo <= hi <= 1 + AA_WITHIN
+    return len(controls) == 1 and bool(aa_missed(controls))
 
 
 def measured(records: list[Record], final: set[Selection], newest: dict[Selection, Record], key: tuple[str, str],

@@ -390,6 +390,29 @@ def test_each_row_of_the_noise_table_is_one_session():
     assert re.search(r"\| a eval b1 \| 1\.000 \[[^|]*\| 2\.000 [^|]*\| 2\.500 ", text)  # not fig10's 3.0 beside it
 
 
+def test_a_session_whose_aa_control_missed_3_percent_gives_way_to_one_that_met_it():
+    def session(name, date, aa_ci, grace):
+        made = [rec("a", "inductor", 1.0), rec("a", "inductor_aa", 1.0), rec("a", "pt2_cg", 0.5),
+                rec("a", "grace", 1 / grace)]
+        for r in made:
+            r.session, r.env = name, {**r.env, "date": date, "code": name}
+            r.speedup, r.speedup_ci = 1 / r.median_ms, [0.99 / r.median_ms, 1.01 / r.median_ms]
+        made[1].speedup, made[1].speedup_ci = 1.0, list(aa_ci)
+        return made
+
+    met = session("met", "2026-12-01", (0.98, 1.02), 2.5)
+    missed = session("missed", "2026-12-02", (1.01, 1.44), 4.0)  # newer, on a slowed host
+    chosen = figures.one_session(met + missed, ["inductor", "grace"])
+    assert {r.session for r in chosen.values()} == {"met"}
+    assert math.isclose(report.geomeans(_as_paper(met + missed)).loc["grace", "geomean speedup"], 2.5)
+    text = report.noise(met + missed)
+    assert re.search(r"\| a eval b1 \| 1\.000 \[0\.980, 1\.020\] [^|]*\|[^|]*\| 2\.500 ", text)
+    assert "a eval b1 (code missed): 1.000 [1.010, 1.440]" in text
+    # with no session that met it, the newest stands, and nothing is said to be set aside
+    assert {r.session for r in figures.one_session(missed, ["inductor", "grace"]).values()} == {"missed"}
+    assert "set aside" not in report.noise(missed)
+
+
 def test_grace_against_the_best_stock_variant_is_judged_on_its_sessions_rounds():
     jitter = random.Random(1)
 
