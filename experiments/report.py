@@ -368,12 +368,12 @@ def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace
     table.columns = ["A/A: inductor again", *(f"{v} speedup" for v in variants), "timing cores", "measured at"]
     missed = sum(1 for r in chosen.values() if r.variant == aa and r.status == "ok" and r.speedup_ci
                  and (r.speedup_ci[0] > 1 or r.speedup_ci[1] < 1))
-    set_aside = "".join(f" {label(*r.key.entry)} ({measured_at(r.env)}): {r.speedup:.3f} [{r.speedup_ci[0]:.3f}, "
-                        f"{r.speedup_ci[1]:.3f}];" for r in aa_missed(records).values()
-                        if r.key in chosen and chosen[r.key].env.get("date", "") < r.env.get("date", ""))
-    if set_aside:
-        set_aside = (f" Sessions whose A/A control missed +-{100 * AA_WITHIN:.0f} %, set aside for the workload's "
-                     f"older session (the suite's planner measures such a workload once more):{set_aside[:-1]}.")
+    aside = [f"{label(*r.key.entry)} ({measured_at(r.env)}): {r.speedup:.3f} [{r.speedup_ci[0]:.3f}, "
+             f"{r.speedup_ci[1]:.3f}]" for r in aa_missed(records).values()
+             if r.key in chosen and chosen[r.key].env.get("date", "") < r.env.get("date", "")]
+    set_aside = (f" Sessions whose A/A control missed +-{100 * AA_WITHIN:.0f} %, set aside for the workload's older "
+                 f"session (the suite's planner measures such a workload once more): {'; '.join(aside)}."
+                 if aside else "")
     return ("\n### Noise: the A/A control, and speedups with 95 % intervals\n\n"
             "Each row is one session. The A/A control's interval is a paired bootstrap over its rounds; it "
             f"excludes 1 in {missed} of {n} sessions, so the rounds miss a noise of each worker's own: two "

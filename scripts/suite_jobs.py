@@ -50,7 +50,6 @@ ANCHORS = (BASE, "grace")  # in every session of a workload measured in parts
 STOPPED_NEEDS = 1.25
 
 
-
 def own(experiment: str) -> list[str]:
     """The variants `experiment` selects, in its order."""
     conf = OmegaConf.load(REPO / "conf" / "experiment" / f"{experiment}.yaml")
