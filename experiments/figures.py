@@ -29,6 +29,7 @@ from experiments.records import Record, Selection, latest, padded_apart, session
 TP_EXPERIMENT = "tp"  # conf/experiment/tp.yaml: the records of Fig 11
 KEY = ["workload", "mode", "batch", "size", "variant", "run", "tp"]
 BASELINE = "inductor"
+AA_CONTROL = f"{BASELINE}_aa"  # the baseline measured by a second worker (sweep.AA_SUFFIX)
 FLOOR = "floor"  # the variant that times the floor (sweep.FLOOR)
 LABELS = {"eager": "Eager", "inductor": "PyTorch2 (no CUDA Graphs)", "pt2_cg": "PyTorch2-CG",
           "runtime": "GraCE runtime", "cgct": "CGCT",
@@ -67,7 +68,7 @@ def _aa_controls(records: Iterable[Record], within: bool) -> dict[tuple, Record]
     """The sessions (Selection.in_session) whose A/A control's interval lies `within` +-AA_WITHIN or not,
     with that control's record."""
     return {r.key.in_session(r.session): r for r in records
-            if r.variant == f"{BASELINE}_aa" and r.status == "ok" and r.speedup_ci
+            if r.variant == AA_CONTROL and r.status == "ok" and r.speedup_ci
             and (1 - AA_WITHIN <= r.speedup_ci[0] <= r.speedup_ci[1] <= 1 + AA_WITHIN) == within}
 
 
@@ -110,7 +111,7 @@ def frame(records: Iterable[Record], together: Sequence[str] = ()) -> pd.DataFra
         newest.update(chosen)
         # and those sessions' A/A controls and floors: the noise and the floor of what is compared
         sessions = {r.key.in_session(r.session) for r in chosen.values()}
-        newest.update({r.key: r for r in records if r.variant in (f"{BASELINE}_aa", FLOOR) and r.status == "ok"
+        newest.update({r.key: r for r in records if r.variant in (AA_CONTROL, FLOOR) and r.status == "ok"
                        and r.key.in_session(r.session) in sessions})
     # a floor compiled otherwise than the workload's variants is no floor under them (DGPT2's lay above them)
     no_floor = {key for key, variants in padded_otherwise(newest.values()).items() if FLOOR in variants}
@@ -202,7 +203,7 @@ def worker_noise(df: pd.DataFrame) -> tuple[float, int]:
     tau is the Paule-Mandel estimate of a random-effects model with a known mean of 0 (log(aa) ~ N(0,
     sd_rounds^2 + tau^2)): it solves sum(log(aa)^2 / (sd_rounds^2 + tau^2)) = n, so that a session with
     noisy rounds weighs little; a plain mean of log(aa)^2 - sd_rounds^2 lets one such session pull tau to 0."""
-    aa = df[(df["variant"] == f"{BASELINE}_aa") & (df["status"] == "ok") & (df["processes"] == 1)]
+    aa = df[(df["variant"] == AA_CONTROL) & (df["status"] == "ok") & (df["processes"] == 1)]
     aa = aa.dropna(subset=["speedup", "ci_lo", "ci_hi"])
     if aa.empty:
         return 0.0, 0

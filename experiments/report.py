@@ -12,9 +12,9 @@ import pandas as pd
 
 from experiments import stats
 from experiments.environment import code_hash
-from experiments.figures import (AA_WITHIN, BASELINE, aa_missed, acronym, frame, geomean_interval, intervals,
-                                 json_lines, label, measured_at, one_session, padded_otherwise, speedups, unresampled,
-                                 widen, worker_noise)
+from experiments.figures import (AA_CONTROL, AA_WITHIN, BASELINE, aa_missed, acronym, frame, geomean_interval,
+                                 intervals, json_lines, label, measured_at, one_session, padded_otherwise, speedups,
+                                 unresampled, widen, worker_noise)
 from experiments.records import Record, latest, valid_since
 
 
@@ -342,7 +342,7 @@ def noise(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace
     session's noise) and each variant's speedup, each with its 95 % interval and whether it is a win, a
     loss or within noise; per workload, the newest session with all of them ok, else the newest with the
     A/A control."""
-    aa = f"{BASELINE}_aa"
+    aa = AA_CONTROL
     newest = {}  # workload -> its newest session with an A/A control (records oldest first)
     for r in records:
         if r.variant == aa and r.status == "ok":
