@@ -81,21 +81,31 @@ def aa_missed(records: Iterable[Record]) -> dict[tuple, Record]:
 def one_session(records: Iterable[Record], variants: Sequence[str]) -> dict[Selection, Record]:
     """Per workload (and run and TP degree), the records of `variants` from the newest session where every
     one of them was ok: what a comparison of them takes, so that no ratio between two bars crosses
-    sessions. The newest of those whose A/A control met +-AA_WITHIN comes first, where there is one.
-    Workloads with no such session are left out."""
+    sessions. Sessions at the code of the workload's newest such session come first (a code measured
+    again replaces the one before, so that the figures move to one code), and among them the newest whose
+    A/A control met +-AA_WITHIN, where there is one. Workloads with no such session are left out."""
     records = list(records)
     met = _aa_controls(records, within=True)
     sessions: dict[tuple, dict[str, Record]] = {}
     for r in records:  # oldest first: each variant's newest record in the session counts
         if r.variant in variants and r.status != "interrupted":
             sessions.setdefault(r.key.in_session(r.session), {})[r.variant] = r
-    chosen: dict[Selection, tuple[tuple[bool, str], dict[str, Record]]] = {}
-    for (session, workload), got in sessions.items():
-        rank = ((session, workload) in met, max(r.env.get("date", "") for r in got.values()))
-        whole = len(got) == len(set(variants)) and all(r.status == "ok" for r in got.values())
-        if whole and rank >= chosen.get(workload, ((False, ""),))[0]:
+    whole = {(session, workload): (max(r.env.get("date", "") for r in got.values()), got)
+             for (session, workload), got in sessions.items()
+             if len(got) == len(set(variants)) and all(r.status == "ok" for r in got.values())}
+    newest_code: dict[Selection, tuple[str, str | None]] = {}
+    for (_, workload), (date, got) in whole.items():
+        newest_code[workload] = max(newest_code.get(workload, ("", None)), (date, _code(got)))
+    chosen: dict[Selection, tuple[tuple[bool, bool, str], dict[str, Record]]] = {}
+    for (session, workload), (date, got) in whole.items():
+        rank = (_code(got) == newest_code[workload][1], (session, workload) in met, date)
+        if rank >= chosen.get(workload, ((False, False, ""),))[0]:
             chosen[workload] = (rank, got)
     return {r.key: r for _, got in chosen.values() for r in got.values()}
+
+
+def _code(session: dict[str, Record]) -> str | None:
+    return next(iter(session.values())).env.get("code")
 
 
 def frame(records: Iterable[Record], together: Sequence[str] = ()) -> pd.DataFrame:
