@@ -1,0 +1,137 @@
+"""Where an iteration's time goes beyond its GPU time: one workload's step, per variant, traced with
+torch.profiler as the harness times it (synchronized before and after): the host's time before the first
+device activity, the device's busy time, the idle gaps between activities, and for the largest gaps the
+Python functions that ran wholly inside them (what the GPU waited for).
+
+    python scripts/gpu_gaps.py MTCG-T pt2_cg grace [--iters 5] > results/gaps/<device>/MTCG-T.md
+
+Why: a variant can be slower at the same GPU time (MTCG-T on an H100 at code 9aa8f89e3f25: grace 12.88 ms
+against pt2_cg's 12.42, kernels 11.30 ms in both); the records' cProfile says how much host time each
+part takes, not which of it the GPU waited on.
+"""
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from experiments import workloads  # noqa: E402
+from experiments.task import Task  # noqa: E402
+from experiments.variants import Variant  # noqa: E402
+from grace.profile import DEVICE_CATEGORIES  # noqa: E402
+
+MARK = "gpu_gaps.iteration"
+WARMUP = 8
+SHOWN = 5  # gaps, and functions per gap
+LONG = 10.0  # us: a gap longer than the spacing of a graph's or a queue's kernels, the host's doing
+
+
+def build(workload: str, variant: str, device: str = "cuda") -> tuple[Task, object]:
+    """The workload's task and the variant's compiled target, as a harness worker sets them up
+    (conf/workload, conf/variant, the optimizer's step compiled too)."""
+    w = OmegaConf.load(ROOT / "conf" / "workload" / f"{workload}.yaml")[workload]
+    v = Variant.from_config(variant, OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "variant" / f"{variant}.yaml")[variant]))
+    task = Task(workloads.get(w.name)(w.mode, w.batch, w.size, device), seed=0)
+    if task.optimizer is not None:
+        task.optimizer_step = v.optimizer_step(task.optimizer, True)
+    return task, v.apply(task.target)
+
+
+def merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def iterations(events: list[dict]) -> list[dict]:
+    """Per marked iteration (us): its span, the host's lead before the first device activity, busy time,
+    idle time between activities, the tail after the last, and its gaps (start, end), the longest first."""
+    device = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events if e.get("cat") in DEVICE_CATEGORIES]
+    found = []
+    for m in sorted((e for e in events if e.get("name") == MARK and e.get("cat") == "user_annotation"),
+                    key=lambda e: e["ts"]):
+        start, end = m["ts"], m["ts"] + m["dur"]
+        busy = merged([(a, b) for a, b in device if start <= a < end])
+        if not busy:
+            continue
+        gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:])]
+        found.append({"start": start, "span": end - start, "lead": busy[0][0] - start, "busy": sum(b - a for a, b in busy),
+                      "idle": sum(b - a for a, b in gaps), "tail": end - busy[-1][1],
+                      "long idle": sum(b - a for a, b in gaps if b - a > LONG),
+                      "gaps": sorted(gaps, key=lambda g: g[0] - g[1])})
+    return found
+
+
+def inside(events: list[dict], gap: tuple[float, float]) -> list[tuple[float, str]]:
+    """The longest Python functions and operators that ran wholly within `gap`."""
+    within = [(e["dur"], e["name"]) for e in events if e.get("cat") in ("python_function", "cpu_op")
+              and gap[0] <= e["ts"] and e["ts"] + e.get("dur", 0.0) <= gap[1]]
+    return sorted(within, reverse=True)[:SHOWN]
+
+
+def traced(task: Task, fn, iters: int, stack: bool) -> list[dict]:
+    """Chrome-trace events of `iters` steps, each marked and synchronized (grace.profile.trace, with the
+    Python functions too where `stack`)."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, with_stack=stack) as prof:
+        for _ in range(iters):
+            torch.cuda.synchronize()
+            with torch.profiler.record_function(MARK):
+                task.step(fn)
+                torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        prof.export_chrome_trace(f"{d}/trace.json")
+        return json.loads(Path(f"{d}/trace.json").read_text())["traceEvents"]
+
+
+def report(variant: str, plain: list[dict], stacked: list[dict]) -> str:
+    its = iterations(plain)
+    med = {k: statistics.median(i[k] for i in its) for k in ("span", "lead", "busy", "idle", "long idle", "tail")}
+    lines = [f"## {variant}", "",
+             f"{len(its)} iterations, medians: span {med['span'] / 1e3:.3f} ms = lead {med['lead']:.0f} us"
+             f" + busy {med['busy'] / 1e3:.3f} ms + idle between activities {med['idle']:.0f} us (in gaps over"
+             f" {LONG:.0f} us: {med['long idle']:.0f}) + tail {med['tail']:.0f} us", ""]
+    for one in iterations(stacked)[:1]:
+        lines += ["Under with_stack (a slower host), one iteration's longest gaps (us, from its start) and the",
+                  "longest functions that ran wholly inside each:", ""]
+        for a, b in one["gaps"][:SHOWN]:
+            names = "; ".join(f"{name[:70]} {dur:.0f}" for dur, name in inside(stacked, (a, b)))
+            lines.append(f"- {b - a:.0f} at +{a - one['start']:.0f}: {names or 'no function wholly inside'}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workload", help="a conf/workload name: MTCG-T")
+    p.add_argument("variants", nargs="+", help="conf/variant names: pt2_cg grace")
+    p.add_argument("--iters", type=int, default=5)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: gpu_gaps needs a CUDA device", file=sys.stderr)
+        return 2
+    print(f"# {args.workload}: {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
+    for variant in args.variants:
+        torch.compiler.reset()
+        task, fn = build(args.workload, variant)
+        for _ in range(WARMUP):
+            task.step(fn)
+        print(report(variant, traced(task, fn, args.iters, False), traced(task, fn, 1, True)), flush=True)
+        del task, fn
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
