@@ -33,12 +33,18 @@ SHOWN = 5  # gaps, and functions per gap
 LONG = 10.0  # us: a gap longer than the spacing of a graph's or a queue's kernels, the host's doing
 
 
-def build(workload: str, variant: str, device: str = "cuda") -> tuple[Task, object]:
+def build(workload: str, variant: str, device: str = "cuda", hf: dict[str, str] | None = None) -> tuple[Task, object]:
     """The workload's task and the variant's compiled target, as a harness worker sets them up
-    (conf/workload, conf/variant, the optimizer's step compiled too)."""
+    (conf/workload, conf/variant, the optimizer's step compiled too); `hf`: entries of a HuggingFace
+    workload's config to change (integers)."""
     w = OmegaConf.load(ROOT / "conf" / "workload" / f"{workload}.yaml")[workload]
     v = Variant.from_config(variant, OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "variant" / f"{variant}.yaml")[variant]))
-    task = Task(workloads.get(w.name)(w.mode, w.batch, w.size, device), seed=0)
+    model = workloads.get(w.name)
+    if hf:
+        if not isinstance(getattr(model, "config", None), dict):
+            raise SystemExit(f"error: {workload} is not a HuggingFace workload: no config entries to change")
+        model = type(model.__name__, (model,), {"config": {**model.config, **{k: int(v) for k, v in hf.items()}}})
+    task = Task(model(w.mode, w.batch, w.size, device), seed=0)
     if task.optimizer is not None:
         task.optimizer_step = v.optimizer_step(task.optimizer, True)
     return task, v.apply(task.target)

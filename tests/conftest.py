@@ -25,8 +25,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from hydra import compose, initialize_config_dir
 
 import experiments.config  # noqa: F401  (registers the config schema)
-from grace import pi, recording
-from tests.grace.fakes import fake_capture
+from tests.grace import fakes
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -72,33 +71,15 @@ def measured(out, *overrides):
 
 
 @pytest.fixture
-def cpu_graphs(monkeypatch):
+def cpu_graphs():
     """GraCE's runtime on the CPU, with a stand-in for CUDA graph capture (tests.grace.fakes)."""
-    monkeypatch.setattr(recording, "capture", fake_capture)
-    monkeypatch.setattr(recording, "DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(recording, "caller_capturing", lambda: False)
-    monkeypatch.setattr(pi, "LIBRARY_ALIGNMENT", 64)  # what every CPU allocation has
+    with fakes.cpu_graphs():
+        yield
 
 
 @pytest.fixture
-def cpu_partitions(cpu_graphs, monkeypatch):
-    """Inductor partitions CPU code as it does CUDA code (where it splits, every node counts as on a
-    GPU; its code generation is the CPU's), and GraCE's runtime captures the partitions with the CPU
-    stand-in: the backend end to end, on a CPU. Caches off: code partitioned so must not be found by a
-    compile without this."""
-    from torch._inductor import scheduler
-
-    split, on_gpu = scheduler.Scheduler.should_partition, scheduler.BaseSchedulerNode.is_gpu
-
-    def should_partition(self, node):
-        scheduler.BaseSchedulerNode.is_gpu = lambda n: True
-        try:
-            return split(self, node)
-        finally:
-            scheduler.BaseSchedulerNode.is_gpu = on_gpu
-
-    monkeypatch.setattr(scheduler.Scheduler, "should_partition", should_partition)
-    torch.compiler.reset()
-    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+def cpu_partitions():
+    """The backend end to end on a CPU: Inductor partitions CPU code as it does CUDA code, and the
+    runtime captures the partitions with the stand-in (tests.grace.fakes.cpu_partitions)."""
+    with fakes.cpu_partitions():
         yield
-    torch.compiler.reset()

@@ -1,5 +1,7 @@
 """Stand-ins for CUDA graphs and partitions, so that the runtime's decisions can be tested on the CPU."""
 
+import contextlib
+from unittest import mock
 
 import torch
 
@@ -186,3 +188,36 @@ def _first_n_doubled(args):
     n, x = args
     args.clear()
     return (x[:n] * 2,)
+
+
+@contextlib.contextmanager
+def cpu_graphs():
+    """GraCE's runtime on the CPU, with fake_capture standing in for CUDA graph capture."""
+    with mock.patch.object(recording, "capture", fake_capture), mock.patch.object(recording, "DEVICE_TYPE", "cpu"), \
+            mock.patch.object(recording, "caller_capturing", lambda: False), \
+            mock.patch.object(pi, "LIBRARY_ALIGNMENT", 64):  # what every CPU allocation has
+        yield
+
+
+@contextlib.contextmanager
+def cpu_partitions():
+    """Inductor partitions CPU code as it does CUDA code (where it splits, every node counts as on a
+    GPU; its code generation is the CPU's), and GraCE's runtime captures the partitions with the CPU
+    stand-in: the backend end to end, on a CPU. Caches off: code partitioned so must not be found by a
+    compile without this."""
+    from torch._inductor import scheduler
+
+    split, on_gpu = scheduler.Scheduler.should_partition, scheduler.BaseSchedulerNode.is_gpu
+
+    def should_partition(self, node):
+        scheduler.BaseSchedulerNode.is_gpu = lambda n: True
+        try:
+            return split(self, node)
+        finally:
+            scheduler.BaseSchedulerNode.is_gpu = on_gpu
+
+    torch.compiler.reset()
+    with cpu_graphs(), mock.patch.object(scheduler.Scheduler, "should_partition", should_partition), \
+            torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+    torch.compiler.reset()
