@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import grace  # noqa: E402
 from experiments import workloads  # noqa: E402
 from experiments.task import Task  # noqa: E402
 from experiments.variants import Variant  # noqa: E402
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
         return 2
     print(f"# {args.workload}: {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
     for variant in args.variants:
-        torch.compiler.reset()
+        grace.reset()  # Dynamo's caches, and the CUDA graphs of the variant before
         task, fn = build(args.workload, variant)
         for _ in range(WARMUP):
             task.step(fn)
