@@ -779,3 +779,37 @@ def test_a_replay_reads_an_input_that_only_the_call_held(cpu_graphs):
         torch.testing.assert_close(y, x * (i + 1))
         del y
     assert stats.status == "captured" and stats.replays >= 3
+
+
+def test_the_held_test_remembers_counts_found_free_and_still_sees_an_output_held(cpu_graphs, monkeypatch):
+    """A training forward's saved activations count fewer references on every call than at capture (its
+    temporaries are gone); counts found free are remembered, and an output held later is still seen."""
+    temporaries = []
+
+    def eight(args):
+        (x,) = args
+        args.clear()
+        outputs = tuple(x * k for k in range(1, 9))
+        temporaries.append(outputs[:7])  # held while the capture counts, gone afterwards
+        return outputs
+
+    part, stats = _part(eight)
+    for _ in range(2):  # warm-up, recorded
+        part([torch.randn(4)])
+    (rec,) = part.recordings[next(iter(part.recordings))]
+    replays = stats.replays
+    temporaries.clear()
+    looked = []
+    grown = recording.gt
+    monkeypatch.setattr(recording, "gt", lambda a, b: looked.append(1) or grown(a, b))
+    assert rec.held_output() is None and rec.free != rec.baseline and looked  # fewer than at capture
+    looked.clear()
+    for _ in range(3):
+        part([torch.randn(4)])
+    assert stats.replays == replays + 3 and not looked  # the same counts: remembered, not compared again
+    x = torch.randn(4)
+    kept = part([x])[7]
+    assert rec.held_output() == 7  # the last output alone, held
+    part([torch.randn(4)])
+    torch.testing.assert_close(kept, x * 8)  # not written over
+    assert stats.recorded_for == {"first at these sizes": 1, "twin": 1}  # the held recording left alone
