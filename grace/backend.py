@@ -36,6 +36,8 @@ class Options:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None) -> Options:
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"grace options are a mapping such as {{'pi': False}}, not {options!r}")
         options = dict(options or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - known)

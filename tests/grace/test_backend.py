@@ -69,6 +69,11 @@ def test_an_option_that_is_not_a_bool_is_one_clear_error():
         torch.compile(_mlp(), backend="grace", options={"scg": "false"})(torch.randn(1, 8))
 
 
+def test_options_that_are_not_a_mapping_are_one_clear_error():
+    with pytest.raises(Exception, match=r"grace options are a mapping such as \{'pi': False\}, not 'pi'"):
+        torch.compile(_mlp(), backend="grace", options="pi")(torch.randn(1, 8))
+
+
 def test_explain_on_cpu_says_why_nothing_is_captured():
     e = grace.explain(_mlp(), torch.randn(2, 8))
     s = e.summary()
