@@ -28,6 +28,7 @@ GENERATED = "inductor generated code"  # files under Inductor's cache folder (th
 # Files are grouped by the package folder they lie in, not by words in their path: the H200's venv lies
 # in /opt/torch/, and matching "torch/" put transformers and torchvision in "torch, other".
 PACKAGES = [("grace", Path(grace.__file__).parent), ("harness", Path(experiments.__file__).parent)]
+MODELS = Path(experiments.__file__).parent / "workloads"  # the in-house workloads' models lie inside the harness
 TORCH = Path(torch.__file__).parent
 TORCH_GROUPS = [  # (group, beginnings of a path inside torch/), first match wins
     ("inductor runtime", ("_inductor/",)),
@@ -49,6 +50,8 @@ def group(path: str, generated: str) -> str:
     """`generated`: Inductor's cache folder, where the code it generates lies."""
     if path.startswith(generated):
         return GENERATED
+    if _inside(path, MODELS) is not None:
+        return OTHER
     if (name := next((n for n, folder in PACKAGES if _inside(path, folder) is not None), None)):
         return name
     if (inside := _inside(path, TORCH)) is None:

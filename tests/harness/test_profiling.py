@@ -98,7 +98,7 @@ def test_host_profile_charges_time_to_the_part_of_the_stack_that_spent_it():
 
 def test_host_profile_groups_files_by_the_package_they_lie_in():
     """On the H200 the venv lies in /opt/torch/: a library there is the model's, not torch's."""
-    from experiments.host_profile import OTHER, TORCH, group
+    from experiments.host_profile import MODELS, OTHER, PACKAGES, TORCH, group
 
     generated = "/tmp/torchinductor_x"
     assert group("/opt/torch/.venv/lib/python3.12/site-packages/transformers/modeling_utils.py", generated) == OTHER
@@ -108,3 +108,5 @@ def test_host_profile_groups_files_by_the_package_they_lie_in():
     assert group(f"{TORCH}/nn/modules/module.py", generated) == "torch, other"
     assert group(f"{generated}/ab/cabc.py", generated) == "inductor generated code"
     assert group(torch.__file__.replace("torch/__init__.py", "grace_like/x.py"), generated) == OTHER
+    assert group(f"{MODELS}/eos_chain.py", generated) == OTHER  # an in-house workload's model is the model's
+    assert group(f"{dict(PACKAGES)['harness']}/timing.py", generated) == "harness"
