@@ -13,8 +13,8 @@ variant=[inductor,grace,runtime,cgct]`), each part a session with the same ancho
 A session whose A/A control misses +-3 % (a host slowed mid-session) is measured once more, with
 `force=true`; the second stands whatever its control says.
 
-A session's workers are set up one after another, so its time is counted per worker: the latest whole
-session of the workload on this machine, whatever its code; else the latest whole session on another
+A session's workers are set up one after another, so its time is counted per worker: the longest whole
+session of the workload on this machine, whatever its code; else the longest whole session on another
 machine, scaled by the most this machine was slower on a workload both measured. Either way never less
 than a quarter more than the latest session of it stopped here since ran. The call takes the longest
 that fit (first fit, decreasing), then one never measured, whose end does not matter: it teaches its
@@ -68,26 +68,31 @@ def workload(name: str) -> tuple[str, str]:
 
 
 def per_worker(records: list[Record]) -> tuple[dict[tuple, float], dict[tuple, float]]:
-    """(workload, mode) -> seconds per worker of its latest session that ran to the end (`workload_s`, its
+    """(workload, mode) -> seconds per worker of its longest session that ran to the end (`workload_s`, its
     last record's, over the session's workers), whatever their status and code; and that of the latest
-    session stopped since, counted as if all its workers had been set up: the least a worker takes here
-    (the latest, as an earlier one may have run under other settings). Only sessions with the A/A control
-    count: one from before it had no float64 checks either, which can take a worker's time again."""
+    session stopped since, counted as if all its workers had been set up: the least a worker takes here.
+    The longest, not the latest: one workload's sessions on one machine took up to twice as long as
+    another of its sessions (DLRM 72 and 137 s), and a call planned too short loses all it ran. Only
+    sessions with the A/A control count: one from before it had no float64 checks either, which can take
+    a worker's time again."""
     held: dict[str, set[str]] = {}
     for r in records:
         held.setdefault(r.session, set()).add(r.variant)
     cut = {r.session for r in records if r.status == "interrupted"}
     took: dict[tuple, float] = {}
     stopped: dict[tuple, float] = {}
-    for r in records:  # oldest first: a later session replaces an earlier one, its last record the whole time
+    last: dict[tuple, float] = {}  # per whole session, its last record's time: the whole session's
+    for r in records:  # oldest first: a later stopped session replaces an earlier one
         if not r.workload_s or BASE + AA_SUFFIX not in held[r.session]:
             continue
         k, t = (r.workload, r.mode), r.workload_s / len(held[r.session])
         if r.session in cut:
             stopped[k] = t
         else:
-            took[k] = t
+            last[(k, r.session)] = t
             stopped.pop(k, None)  # a stopped session before the latest whole one says nothing more
+    for (k, _), t in last.items():
+        took[k] = max(took.get(k, 0.0), t)
     return took, stopped
 
 

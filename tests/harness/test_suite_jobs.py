@@ -172,6 +172,24 @@ def test_a_workloads_own_sessions_here_count_whatever_their_code(tmp_path, gpu, 
     assert capsys.readouterr().out.split()[:2] == ["full", "workload=EOS"]  # 87.5 s: DLRM no longer fits
 
 
+def test_a_workload_is_planned_by_its_longest_whole_session_not_its_latest(tmp_path, gpu, capsys):
+    """One workload's sessions on one machine took up to twice as long as another of its sessions: planned by
+    the latest, DLRM was sent into 100 s twice and stopped both times."""
+    env, here, _ = gpu
+    older, old = dataclasses.replace(env, code="0" * 12), dataclasses.replace(env, code="1" * 12)
+    dlrm = suite_jobs.workload("DLRM")
+    _session(here, older, *dlrm, _sets()["full"], "s1", 137.0)
+    _session(here, old, *dlrm, _sets()["full"], "s2", 72.0)
+    names = suite_jobs.OmegaConf.load(suite_jobs.REPO / "conf/experiment/full.yaml").hydra.sweeper.params.workload
+    for name in names.split(","):  # every other workload measured whole with this code
+        if name != "DLRM":
+            _session(here, env, *suite_jobs.workload(name), _sets()["full"], f"h-{name}", 10.0)
+    assert suite_jobs.per_worker(here.load())[0][dlrm] == pytest.approx(13.7)
+    assert suite_jobs.main(["--results", str(tmp_path), "--call", "540", "--seconds", "100", "--fit"]) == 1
+    assert suite_jobs.main(["--results", str(tmp_path), "--call", "540", "--seconds", "140", "--fit"]) == 0
+    assert capsys.readouterr().out.split()[:2] == ["full", "workload=DLRM"]
+
+
 def test_a_session_from_before_the_aa_control_does_not_count(tmp_path, gpu, capsys):
     env, here, there = gpu
     dgpt2 = suite_jobs.workload("DGPT2")
