@@ -62,9 +62,11 @@ def merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def iterations(events: list[dict]) -> list[dict]:
-    """Per marked iteration (us): its span, the host's lead before the first device activity, busy time,
-    idle time between activities, the tail after the last, and its gaps (start, end), the longest first."""
-    device = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events if e.get("cat") in DEVICE_CATEGORIES]
+    """Per marked iteration (us): its span, the host's lead before the first device activity (and that
+    activity's name: a variant that copies inputs first starts the device sooner), busy time, idle time
+    between activities, the tail after the last, and its gaps (start, end), the longest first."""
+    activities = sorted((e for e in events if e.get("cat") in DEVICE_CATEGORIES), key=lambda e: e["ts"])
+    device = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in activities]
     found = []
     for m in sorted((e for e in events if e.get("name") == MARK and e.get("cat") == "user_annotation"),
                     key=lambda e: e["ts"]):
@@ -73,7 +75,9 @@ def iterations(events: list[dict]) -> list[dict]:
         if not busy:
             continue
         gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:])]
-        found.append({"start": start, "span": end - start, "lead": busy[0][0] - start, "busy": sum(b - a for a, b in busy),
+        first = next(e.get("name", "?") for e in activities if e["ts"] == busy[0][0])
+        found.append({"start": start, "span": end - start, "lead": busy[0][0] - start, "first": first,
+                      "busy": sum(b - a for a, b in busy),
                       "idle": sum(b - a for a, b in gaps), "tail": end - busy[-1][1],
                       "long idle": sum(b - a for a, b in gaps if b - a > LONG),
                       "gaps": sorted(gaps, key=lambda g: g[0] - g[1])})
@@ -110,11 +114,14 @@ def report(variant: str, plain: list[dict], stacked: list[dict]) -> str:
              f" + busy {med['busy'] / 1e3:.3f} ms + idle between activities {med['idle']:.0f} us (in gaps over"
              f" {LONG:.0f} us: {med['long idle']:.0f}) + tail {med['tail']:.0f} us", ""]
     for one in iterations(stacked)[:1]:
-        lines += ["Under with_stack (a slower host), one iteration's longest gaps (us, from its start) and the",
-                  "longest functions that ran wholly inside each:", ""]
-        for a, b in one["gaps"][:SHOWN]:
+        lines += [f"The first device activity: {one['first'][:90]}.", "",
+                  "Under with_stack (a slower host), one iteration's lead and longest gaps (us, from its start)",
+                  "and the longest functions that ran wholly inside each:", ""]
+        lead = (one["start"], one["start"] + one["lead"])
+        for a, b in [lead, *one["gaps"][:SHOWN]]:
             names = "; ".join(f"{name[:70]} {dur:.0f}" for dur, name in inside(stacked, (a, b)))
-            lines.append(f"- {b - a:.0f} at +{a - one['start']:.0f}: {names or 'no function wholly inside'}")
+            what = "lead" if (a, b) == lead else f"at +{a - one['start']:.0f}"
+            lines.append(f"- {b - a:.0f} {what}: {names or 'no function wholly inside'}")
         lines.append("")
     return "\n".join(lines)
 
