@@ -14,8 +14,9 @@ A session whose A/A control misses +-3 % (a host slowed mid-session) is measured
 `force=true`; the second stands whatever its control says.
 
 A session's workers are set up one after another, so its time is counted per worker: the longest whole
-session of the workload on this machine, whatever its code; else the longest whole session on another
-machine, scaled by the most this machine was slower on a workload both measured. Either way never less
+session of the workload on this machine (among those of the most workers), whatever its code; else the
+longest whole session on another machine, scaled by the most this machine was slower on a workload both
+measured. Either way never less
 than a quarter more than the latest session of it stopped here since ran. The call takes the longest
 that fit (first fit, decreasing), then one never measured, whose end does not matter: it teaches its
 time, and the sweep measures a workload its time ran out on again, whole. With `--fit`, only those that
@@ -72,7 +73,9 @@ def per_worker(records: list[Record]) -> tuple[dict[tuple, float], dict[tuple, f
     last record's, over the session's workers), whatever their status and code; and that of the latest
     session stopped since, counted as if all its workers had been set up: the least a worker takes here.
     The longest, not the latest: one workload's sessions on one machine took up to twice as long as
-    another of its sessions (DLRM 72 and 137 s), and a call planned too short loses all it ran. Only
+    another of its sessions (DLRM 72 and 137 s), and a call planned too short loses all it ran. Among
+    the sessions with the most workers: a session of fewer spreads its shared part (the numerics
+    reference, the float64 checks) over fewer workers (ST: 48 s a worker with 5, 15-21 with 10). Only
     sessions with the A/A control count: one from before it had no float64 checks either, which can take
     a worker's time again."""
     held: dict[str, set[str]] = {}
@@ -81,7 +84,7 @@ def per_worker(records: list[Record]) -> tuple[dict[tuple, float], dict[tuple, f
     cut = {r.session for r in records if r.status == "interrupted"}
     took: dict[tuple, float] = {}
     stopped: dict[tuple, float] = {}
-    last: dict[tuple, float] = {}  # per whole session, its last record's time: the whole session's
+    whole: dict[tuple, tuple[int, float]] = {}  # per whole session: its workers, its last record's time
     for r in records:  # oldest first: a later stopped session replaces an earlier one
         if not r.workload_s or BASE + AA_SUFFIX not in held[r.session]:
             continue
@@ -89,10 +92,10 @@ def per_worker(records: list[Record]) -> tuple[dict[tuple, float], dict[tuple, f
         if r.session in cut:
             stopped[k] = t
         else:
-            last[(k, r.session)] = t
+            whole[(k, r.session)] = len(held[r.session]), t
             stopped.pop(k, None)  # a stopped session before the latest whole one says nothing more
-    for (k, _), t in last.items():
-        took[k] = max(took.get(k, 0.0), t)
+    for (k, _), (n, t) in sorted(whole.items(), key=lambda x: x[1]):  # the most workers, then the longest
+        took[k] = t
     return took, stopped
 
 
