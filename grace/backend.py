@@ -126,7 +126,7 @@ def _compile_partitioned(gm: torch.fx.GraphModule, example_inputs, report: Graph
                                                                       candidates=candidates))
     if len(candidates) != 1:
         return compiled
-    return lean.LeanCall(compiled, candidates[0], lambda path: setattr(report, "call_path", path))
+    return lean.LeanCall(compiled, candidates[0], lambda path: setattr(report, "call_path", path), adapter.lifted(gm))
 
 
 def _fall_back(report: GraphReport, setting: str, e: Exception) -> None:

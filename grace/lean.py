@@ -5,7 +5,9 @@ Inductor's per-call wrappers, which then have nothing to do beyond what the part
 What it takes is checked twice. When compiled (grace.backend): an inference graph (no backward), one
 partition, each of its inputs a graph input, no input mutated outside it (torch_adapter.
 beyond_one_partition). When called: one call, watched, must show the partition taking Dynamo's own
-argument tensors, and its sizes from Dynamo's int arguments in the same places (a dynamic-shape graph's),
+argument tensors or those AOTAutograd passes ahead of them (the graph module's parameters and buffers:
+a compiled optimizer step's parameters and state), and its sizes from Dynamo's int arguments in the
+same places (a dynamic-shape graph's),
 and Dynamo getting back as many tensors as the graph has outputs (AOTAutograd adds outputs for the
 mutations it replays), each the partition's own output, an argument, or a view of either (of a graph
 without sizes: its view's shape is then fixed). What the wrappers still did per call is done here:
@@ -59,7 +61,9 @@ class Alias:
 
 @dataclasses.dataclass(frozen=True)
 class Route:
-    inputs: tuple[int, ...]  # the Dynamo argument of each partition input
+    # Indices below are into the call's arguments as the compiled graph takes them: LeanCall.lifted, then
+    # Dynamo's own
+    inputs: tuple[int, ...]  # the argument of each partition input
     outputs: tuple[int | Alias, ...]  # the partition output of each graph output, or how it is made
     check: tuple[int, ...]  # Dynamo arguments to check for alignment
     mutated: tuple[int, ...]  # Dynamo arguments whose versions to bump
@@ -155,10 +159,12 @@ def _passed_on(candidate: Candidate, args: tuple, part_args: list, where: dict[i
 
 class LeanCall:
     """What Dynamo calls for one compiled graph: the wrappers' path (`compiled`) until a watched call
-    shows the route, then the partition directly."""
+    shows the route, then the partition directly. `lifted`: what AOTAutograd passes the compiled graph
+    ahead of Dynamo's arguments on every call (torch_adapter.lifted)."""
 
-    def __init__(self, compiled: Callable, candidate: Candidate, explain: Callable[[str], None]):
-        self.compiled, self.candidate, self.explain = compiled, candidate, explain
+    def __init__(self, compiled: Callable, candidate: Candidate, explain: Callable[[str], None],
+                 lifted: tuple[torch.Tensor, ...] = ()):
+        self.compiled, self.candidate, self.explain, self.lifted = compiled, candidate, explain, lifted
         self.route: Route | None = None
         self.watch = WATCHED
 
@@ -166,18 +172,19 @@ class LeanCall:
         r = self.route
         if r is None:
             return self._watched(args) if self.watch else self.compiled(*args)
-        if ((r.check and any(args[i].data_ptr() % ALIGNMENT for i in r.check))
+        full = (*self.lifted, *args) if self.lifted else args
+        if ((r.check and any(full[i].data_ptr() % ALIGNMENT for i in r.check))
                 or (r.device is not None and adapter.current_device() != r.device) or adapter.autocast_enabled()):
             return self.compiled(*args)
-        part_args = [args[i] for i in r.inputs]
+        part_args = [full[i] for i in r.inputs]
         if torch.is_grad_enabled():
             with torch.no_grad():
                 result = self.candidate.part(part_args)
         else:
             result = self.candidate.part(part_args)
         if r.mutated:
-            torch.autograd.graph.increment_version([args[i] for i in r.mutated])
-        outputs = [result[j] if type(j) is int else j.of(args, result) for j in r.outputs]
+            torch.autograd.graph.increment_version([full[i] for i in r.mutated])
+        outputs = [result[j] if type(j) is int else j.of(full, result) for j in r.outputs]
         return tuple(outputs) if r.as_tuple else outputs
 
     def _watched(self, args: tuple):
@@ -192,7 +199,7 @@ class LeanCall:
             try:
                 returned = self.compiled(*args)
                 try:
-                    found = route(self.candidate, args, part.seen, returned)
+                    found = route(self.candidate, (*self.lifted, *args), part.seen, returned)
                 except Exception as e:  # GraCE's own reading of the call: the wrappers' path stays
                     found = f"the call could not be read: {type(e).__name__}: {e}"
             finally:

@@ -173,6 +173,13 @@ def graph_outputs(gm: torch.fx.GraphModule) -> int:
     return len(gm.graph.find_nodes(op="output")[0].args[0])
 
 
+def lifted(gm: torch.fx.GraphModule) -> tuple[torch.Tensor, ...]:
+    """The tensors AOTAutograd passes the compiled graph ahead of Dynamo's arguments on every call (the
+    graph module's parameters, then its buffers: a compiled optimizer step's parameters and state)."""
+    return (*(p for _, p in gm.named_parameters(remove_duplicate=False)),
+            *(b for _, b in gm.named_buffers(remove_duplicate=False)))
+
+
 def current_device() -> int:
     return torch._C._cuda_getDevice()
 

@@ -199,6 +199,29 @@ def test_explain_passes_keyword_arguments_as_a_huggingface_model_takes_them(cpu_
     assert s["partitions"] == 1 and s["captured"] == 1 and s["replays_per_call"] == 1
 
 
+def test_a_compiled_optimizer_step_takes_the_lean_path_with_its_parameters_and_state(cpu_partitions):
+    """AOTAutograd passes a compiled optimizer step its parameters and momentum buffers ahead of Dynamo's
+    arguments (the grads): the lean path passes the same tensors, updates them as eager does, and bumps
+    their versions."""
+    model, twin = _mlp(), _mlp()
+    opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, twin))
+    step = torch.compile(opt.step, backend="grace", options={"pi": False, "scg": False})
+    for i in range(6):
+        x = torch.randn(3, 8)
+        for m in (model, twin):
+            m.zero_grad()
+            m(x).square().sum().backward()
+        versions = [p._version for p in model.parameters()]
+        step()
+        opt_twin.step()
+        assert all(p._version > v for p, v in zip(model.parameters(), versions))
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p, q)
+            torch.testing.assert_close(opt.state[p]["momentum_buffer"], opt_twin.state[q]["momentum_buffer"])
+    report = grace.REPORTS[-1]
+    assert report.call_path == "lean" and report.partitions[0].replays >= 3, report
+
+
 def test_a_dynamic_shape_graph_takes_the_lean_path_with_its_sizes(cpu_partitions):
     """Dynamo passes a dynamic-shape graph its sizes as int arguments, which Inductor's call hands on to
     the partition: they go straight there too, and each call's sizes are its own."""
