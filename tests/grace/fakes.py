@@ -14,6 +14,26 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
+def compiled_sgd_steps_match_eager(model, twin, inputs, options, **tolerance):
+    """SGD with momentum on `model`, its step compiled by grace with `options`, against eager SGD on
+    `twin` (the same weights), one step per input: parameters, momentum buffers, and each parameter's
+    version bumped by the compiled step."""
+    opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, twin))
+    step = torch.compile(opt.step, backend="grace", options=options)
+    for x in inputs:
+        for m in (model, twin):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        versions = [p._version for p in model.parameters()]
+        step()
+        opt_twin.step()
+        assert all(p._version > v for p, v in zip(model.parameters(), versions))
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p, q, **tolerance)
+            torch.testing.assert_close(opt.state[p]["momentum_buffer"], opt_twin.state[q]["momentum_buffer"],
+                                       **tolerance)
+
+
 def _partition_fn(calls):
     """A partition in Inductor's boxed convention: y = x * w + 1, and w += 1 when asked to mutate."""
 

@@ -8,7 +8,7 @@ import torch
 
 import grace
 from grace import runtime
-from tests.grace.fakes import _mlp
+from tests.grace.fakes import _mlp, compiled_sgd_steps_match_eager
 
 
 def test_backend_by_name_matches_eager_in_inference_and_training():
@@ -203,21 +203,8 @@ def test_a_compiled_optimizer_step_takes_the_lean_path_with_its_parameters_and_s
     """AOTAutograd passes a compiled optimizer step its parameters and momentum buffers ahead of Dynamo's
     arguments (the grads): the lean path passes the same tensors, updates them as eager does, and bumps
     their versions."""
-    model, twin = _mlp(), _mlp()
-    opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, twin))
-    step = torch.compile(opt.step, backend="grace", options={"pi": False, "scg": False})
-    for i in range(6):
-        x = torch.randn(3, 8)
-        for m in (model, twin):
-            m.zero_grad()
-            m(x).square().sum().backward()
-        versions = [p._version for p in model.parameters()]
-        step()
-        opt_twin.step()
-        assert all(p._version > v for p, v in zip(model.parameters(), versions))
-        for p, q in zip(model.parameters(), twin.parameters()):
-            torch.testing.assert_close(p, q)
-            torch.testing.assert_close(opt.state[p]["momentum_buffer"], opt_twin.state[q]["momentum_buffer"])
+    compiled_sgd_steps_match_eager(_mlp(), _mlp(), [torch.randn(3, 8) for _ in range(6)],
+                                   {"pi": False, "scg": False})
     report = grace.REPORTS[-1]
     assert report.call_path == "lean" and report.partitions[0].replays >= 3, report
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import grace
+from tests.grace.fakes import compiled_sgd_steps_match_eager
 
 pytestmark = pytest.mark.cuda
 RUNTIME = {"pi": False, "scg": False}  # CGCT and the runtime's own capture and replay, without PI or SCG
@@ -115,22 +116,8 @@ def test_training_captures_forward_and_backward_and_matches_eager():
 def test_a_compiled_optimizer_step_takes_the_lean_path_and_matches_eager(options):
     """The step's parameters and momentum buffers come from AOTAutograd ahead of Dynamo's arguments; on
     the lean path they are updated in place as eager updates them, their versions bumped."""
-    model, twin = _mlp(), _mlp()
-    opt, opt_twin = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, twin))
-    step = torch.compile(opt.step, backend="grace", options=options)
-    for i in range(6):
-        x = torch.randn(16, 32, device="cuda")
-        for m in (model, twin):
-            m.zero_grad()
-            m(x).square().mean().backward()
-        versions = [p._version for p in model.parameters()]
-        step()
-        opt_twin.step()
-        assert all(p._version > v for p, v in zip(model.parameters(), versions))
-        for p, q in zip(model.parameters(), twin.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(opt.state[p]["momentum_buffer"], opt_twin.state[q]["momentum_buffer"],
-                                       rtol=1e-4, atol=1e-5)
+    compiled_sgd_steps_match_eager(_mlp(), _mlp(), [torch.randn(16, 32, device="cuda") for _ in range(6)],
+                                   options, rtol=1e-4, atol=1e-5)
     assert grace.REPORTS[-1].call_path == "lean", grace.REPORTS[-1]
 
 
