@@ -65,8 +65,8 @@ class Route:
     # Dynamo's own
     inputs: tuple[int, ...]  # the argument of each partition input
     outputs: tuple[int | Alias, ...]  # the partition output of each graph output, or how it is made
-    check: tuple[int, ...]  # Dynamo arguments to check for alignment
-    mutated: tuple[int, ...]  # Dynamo arguments whose versions to bump
+    check: tuple[int, ...]  # arguments to check for alignment
+    mutated: tuple[int, ...]  # arguments whose versions to bump
     device: int | None  # the CUDA device the partition runs on
     as_tuple: bool
 
