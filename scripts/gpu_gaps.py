@@ -1,7 +1,9 @@
 """Where an iteration's time goes beyond its GPU time: one workload's step, per variant, traced with
 torch.profiler as the harness times it (synchronized before and after): the host's time before the first
 device activity, the device's busy time, the idle gaps between activities, and for the largest gaps the
-Python functions that ran wholly inside them (what the GPU waited for).
+Python functions that ran wholly inside them (what the GPU waited for); when on the host's clock each
+CUDA graph was launched; and where the host's time before the first device activity went, function by
+function (the time each spent there outside the functions it called).
 
     python scripts/gpu_gaps.py MTCG-T pt2_cg grace [--iters 5] > results/gaps/<device>/MTCG-T.md
 
@@ -26,11 +28,12 @@ import grace  # noqa: E402
 from experiments import workloads  # noqa: E402
 from experiments.task import Task  # noqa: E402
 from experiments.variants import Variant  # noqa: E402
-from grace.profile import DEVICE_CATEGORIES  # noqa: E402
+from grace.profile import DEVICE_CATEGORIES, GRAPH_LAUNCHES  # noqa: E402
 
 MARK = "gpu_gaps.iteration"
 WARMUP = 8
 SHOWN = 5  # gaps, and functions per gap
+SHOWN_LEAD = 12  # functions of the lead, by their own time in it
 LONG = 10.0  # us: a gap longer than the spacing of a graph's or a queue's kernels, the host's doing
 
 
@@ -67,6 +70,8 @@ def iterations(events: list[dict]) -> list[dict]:
     between activities, the tail after the last, and its gaps (start, end), the longest first."""
     activities = sorted((e for e in events if e.get("cat") in DEVICE_CATEGORIES), key=lambda e: e["ts"])
     device = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in activities]
+    launches = sorted(e["ts"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                      and e.get("name") in GRAPH_LAUNCHES)
     found = []
     for m in sorted((e for e in events if e.get("name") == MARK and e.get("cat") == "user_annotation"),
                     key=lambda e: e["ts"]):
@@ -76,10 +81,11 @@ def iterations(events: list[dict]) -> list[dict]:
             continue
         gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:])]
         first = next(e.get("name", "?") for e in activities if e["ts"] == busy[0][0])
-        found.append({"start": start, "span": end - start, "lead": busy[0][0] - start, "first": first,
+        found.append({"start": start, "tid": m.get("tid"), "span": end - start, "lead": busy[0][0] - start, "first": first,
                       "busy": sum(b - a for a, b in busy),
                       "idle": sum(b - a for a, b in gaps), "tail": end - busy[-1][1],
                       "long idle": sum(b - a for a, b in gaps if b - a > LONG),
+                      "graph launches": [t - start for t in launches if start <= t < end],
                       "gaps": sorted(gaps, key=lambda g: g[0] - g[1])})
     return found
 
@@ -89,6 +95,32 @@ def inside(events: list[dict], gap: tuple[float, float]) -> list[tuple[float, st
     within = [(e["dur"], e["name"]) for e in events if e.get("cat") in ("python_function", "cpu_op")
               and gap[0] <= e["ts"] and e["ts"] + e.get("dur", 0.0) <= gap[1]]
     return sorted(within, reverse=True)[:SHOWN]
+
+
+def own_time(events: list[dict], window: tuple[float, float], tid: object) -> list[tuple[float, str]]:
+    """The Python functions and operators that ran in `window` on thread `tid`, by the time each spent
+    there outside the functions and operators it called (from how their spans nest), the longest first."""
+    spans = [e for e in events if e.get("cat") in ("python_function", "cpu_op") and e.get("tid") == tid
+             and e["ts"] < window[1] and e["ts"] + e.get("dur", 0.0) > window[0]]
+
+    def end(e: dict) -> float:
+        return e["ts"] + e.get("dur", 0.0)
+
+    def overlap(e: dict) -> float:
+        return max(0.0, min(end(e), window[1]) - max(e["ts"], window[0]))
+    spent: dict[str, float] = {}
+    stack: list[dict] = []
+    for e in sorted(spans, key=lambda e: (e["ts"], -e.get("dur", 0.0))):
+        # the caller is the innermost span that holds this one whole (an operator's record, such as
+        # AOTAutograd's prologue, may end inside the Python call it began)
+        while stack and end(e) > end(stack[-1]):
+            stack.pop()
+        here = overlap(e)
+        spent[e["name"]] = spent.get(e["name"], 0.0) + here
+        if stack:  # the caller's own time excludes this call's
+            spent[stack[-1]["name"]] -= here
+        stack.append(e)
+    return sorted(((us, name) for name, us in spent.items() if us > 0), reverse=True)
 
 
 def traced(task: Task, fn, iters: int, stack: bool) -> list[dict]:
@@ -113,6 +145,10 @@ def report(variant: str, plain: list[dict], stacked: list[dict]) -> str:
              f"{len(its)} iterations, medians: span {med['span'] / 1e3:.3f} ms = lead {med['lead']:.0f} us"
              f" + busy {med['busy'] / 1e3:.3f} ms + idle between activities {med['idle']:.0f} us (in gaps over"
              f" {LONG:.0f} us: {med['long idle']:.0f}) + tail {med['tail']:.0f} us", ""]
+    counts = {len(i["graph launches"]) for i in its}
+    if len(counts) == 1 and counts != {0}:  # the same graphs each iteration: the median time of each launch
+        at = [statistics.median(i["graph launches"][k] for i in its) for k in range(counts.pop())]
+        lines += [f"CUDA graphs launched at (us from the iteration's start, medians): {', '.join(f'+{t:.0f}' for t in at)}", ""]
     for one in iterations(stacked)[:1]:
         lines += [f"The first device activity: {one['first'][:90]}.", "",
                   "Under with_stack (a slower host), one iteration's lead and longest gaps (us, from its start)",
@@ -122,7 +158,8 @@ def report(variant: str, plain: list[dict], stacked: list[dict]) -> str:
             names = "; ".join(f"{name[:70]} {dur:.0f}" for dur, name in inside(stacked, (a, b)))
             what = "lead" if (a, b) == lead else f"at +{a - one['start']:.0f}"
             lines.append(f"- {b - a:.0f} {what}: {names or 'no function wholly inside'}")
-        lines.append("")
+        lines += ["", "The lead's host time on the step's thread by function, each outside the functions it called (us):", "",
+                  "; ".join(f"{name[:70]} {us:.0f}" for us, name in own_time(stacked, lead, one["tid"])[:SHOWN_LEAD]), ""]
     return "\n".join(lines)
 
 

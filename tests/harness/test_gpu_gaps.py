@@ -4,7 +4,7 @@ from scripts import gpu_gaps
 
 
 def _mark(ts, dur):
-    return {"name": gpu_gaps.MARK, "cat": "user_annotation", "ts": ts, "dur": dur}
+    return {"name": gpu_gaps.MARK, "cat": "user_annotation", "ts": ts, "dur": dur, "tid": 1}
 
 
 def test_an_iteration_splits_into_lead_busy_idle_and_tail():
@@ -24,6 +24,26 @@ def test_an_iteration_splits_into_lead_busy_idle_and_tail():
     shown = gpu_gaps.report("grace", events, events)
     assert "lead 10 us" in shown and "first device activity: copy." in shown
     assert "- 10 lead: guards 6" in shown and "- 25 at +35: held_output 20" in shown
+
+
+def test_the_lead_is_told_by_each_functions_own_time_and_graph_launches_by_their_time():
+    events = [_mark(0, 100), _mark(200, 100),
+              {"cat": "kernel", "ts": 40, "dur": 20}, {"cat": "kernel", "ts": 250, "dur": 20},
+              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 30, "dur": 5},
+              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 234, "dur": 5},
+              {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 20, "dur": 2},  # not a graph's
+              {"cat": "python_function", "name": "step", "ts": 0, "dur": 90, "tid": 1},
+              {"cat": "python_function", "name": "forward", "ts": 10, "dur": 40, "tid": 1},
+              {"cat": "python_function", "name": "held_output", "ts": 12, "dur": 15, "tid": 1},
+              {"cat": "cpu_op", "name": "prologue", "ts": 2, "dur": 10, "tid": 1},  # ends inside forward
+              {"cat": "python_function", "name": "engine", "ts": 5, "dur": 10, "tid": 2}]  # another thread
+    # lead 0-40 on the step's thread: forward 15 (10-12, 27-40), held_output 15, prologue 10 (2-12), taken
+    # from step (which the forward's 30 leave nothing of its own), not from the forward that outlasts it
+    assert gpu_gaps.own_time(events, (0, 40), 1) == [(15, "held_output"), (15, "forward"), (10, "prologue")]
+    assert [i["graph launches"] for i in gpu_gaps.iterations(events)] == [[30], [34]]
+    shown = gpu_gaps.report("grace", events, events)
+    assert "CUDA graphs launched at (us from the iteration's start, medians): +32" in shown
+    assert "held_output 15; forward 15; prologue 10\n" in shown
 
 
 def test_a_workload_builds_as_a_worker_builds_it():
