@@ -41,7 +41,11 @@ def _serve(conn, spec: Spec) -> None:
         try:
             _answer(conn, bench)
         except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent records and closes
-            return
+            pass
+        finally:
+            # Leaving: a Ctrl-C now could only break the exit's own cleanup (a spawned worker runs
+            # Inductor's atexit, which waits for its compile subprocesses) with a traceback of its own
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _answer(conn, bench) -> None:

@@ -728,3 +728,42 @@ def test_a_waiting_worker_stopped_by_ctrl_c_exits_quietly(capfd, monkeypatch):
     assert worker._proc.exitcode == 0
     assert "Traceback" not in capfd.readouterr().err
     worker.close()
+
+
+def test_a_worker_stopped_by_ctrl_c_while_it_exits_exits_quietly(capfd, monkeypatch, tmp_path):
+    """Ctrl-C reaching a worker that is already leaving, in its exit's cleanup (a spawned worker runs
+    Inductor's atexit, which waits for its compile subprocesses: seconds on a GPU host), prints no
+    traceback: on an H100, eight float64 checkers closing when a time limit struck printed eight."""
+    import multiprocessing as mp
+    import os
+    import signal
+    import time
+
+    from experiments import worker as worker_module
+    from experiments.bench import Spec
+    from experiments.variants import Variant
+
+    exiting = tmp_path / "exiting"  # the stand-in for Inductor's atexit: says it began, then takes a while
+    (tmp_path / "sitecustomize.py").write_text(
+        "import atexit, os, time\n"
+        "def _cleanup():\n"
+        "    open(os.environ['GRACE_TEST_EXITING'], 'w').close()\n"
+        "    time.sleep(5)\n"
+        "if os.environ.get('GRACE_TEST_EXITING'):\n"
+        "    atexit.register(_cleanup)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("GRACE_TEST_EXITING", str(exiting))
+    monkeypatch.setattr(worker_module, "_context", lambda: mp.get_context("spawn"))  # it runs atexit
+    spec = Spec("mlp", "eval", None, "tiny", Variant("eager"), "cpu", 0, 1, {"float64": 1e-6}, 3.0)
+    worker = worker_module.Worker(spec, 120)
+    worker.ready()
+    worker.ask_to_close()
+    deadline = time.monotonic() + 60
+    while not exiting.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exiting.exists()
+    os.kill(worker._proc.pid, signal.SIGINT)
+    worker._proc.join(60)
+    assert worker._proc.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err
+    worker.close()
