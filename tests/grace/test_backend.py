@@ -1,5 +1,6 @@
 """The grace backend on the CPU: registration, options, explain."""
 
+import copy
 import subprocess
 import sys
 
@@ -207,6 +208,50 @@ def test_a_compiled_optimizer_step_takes_the_lean_path_with_its_parameters_and_s
                                    {"pi": False, "scg": False})
     report = grace.REPORTS[-1]
     assert report.call_path == "lean" and report.partitions[0].replays >= 3, report
+
+
+def _swap_storages(model, opt):  # the same Parameter objects over new memory
+    for p in model.parameters():
+        p.data = p.data.clone()
+
+
+def _reload_state(model, opt):  # the optimizer's state tensors replaced by copies
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+
+
+@pytest.mark.parametrize("make, between", [
+    (lambda ps: torch.optim.Adam(ps, lr=0.01), None),
+    (lambda ps: torch.optim.AdamW(ps, lr=0.01, amsgrad=True), None),
+    (lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5), None),
+    (lambda ps: torch.optim.Adam(ps, lr=torch.tensor(0.01)),
+     lambda model, opt: [g["lr"].mul_(0.5) for g in opt.param_groups]),  # a schedule of a tensor lr
+    (lambda ps: torch.optim.Adam(ps, lr=0.01), _swap_storages),
+    (lambda ps: torch.optim.Adam(ps, lr=0.01), _reload_state),
+], ids=["adam", "adamw_amsgrad", "rmsprop", "tensor_lr_scheduled", "storages_swapped", "state_reloaded"])
+def test_a_compiled_optimizer_step_on_the_lean_path_matches_eager_as_its_inputs_change(cpu_partitions, make, between):
+    """The lean path reads the parameters and the optimizer's state from the objects AOTAutograd would
+    pass, on each call: whatever the optimizer keeps, and whatever the user changes between steps (after
+    the third), the step computes what eager does."""
+    model, twin = _mlp(), _mlp()
+    twin.load_state_dict(model.state_dict())
+    opt, opt_twin = make(list(model.parameters())), make(list(twin.parameters()))
+    step = torch.compile(opt.step, backend="grace", options={"pi": False, "scg": False})
+    for i in range(7):
+        x = torch.randn(3, 8)
+        for m in (model, twin):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        step()
+        opt_twin.step()
+        if between is not None and i == 2:
+            between(model, opt)
+            between(twin, opt_twin)
+        for p, q in zip(model.parameters(), twin.parameters()):  # Inductor's fused arithmetic rounds
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)  # otherwise (RMSprop's 1e-5 apart)
+            for key, value in opt_twin.state[q].items():
+                torch.testing.assert_close(opt.state[p][key], value, rtol=1e-4, atol=1e-5)
+    assert grace.REPORTS[-1].call_path == "lean", grace.REPORTS[-1]
+    assert sum(s.replays for r in grace.REPORTS for s in r.partitions) >= 3
 
 
 def test_a_dynamic_shape_graph_takes_the_lean_path_with_its_sizes(cpu_partitions):
