@@ -118,6 +118,37 @@ def timestep_embedding_on_the_cpu(device, compile):
     return Program(torch.no_grad()(f), lambda i: (_x(device, 2, 16)(i)[0], 10 * i + 1))
 
 
+class _TimestepDenoiser(nn.Module):
+    """A diffusion model's step: the timestep a CPU tensor (a scheduler's), embedded on the CPU, then moved."""
+
+    def __init__(self):
+        super().__init__()
+        self.time = nn.Linear(16, 16)
+        self.body = nn.Sequential(nn.Linear(16, 16), nn.SiLU(), nn.Linear(16, 16))
+
+    def forward(self, x, t):
+        freqs = torch.exp(-math.log(10000) * torch.arange(8, dtype=torch.float32) / 8)
+        emb = t.float()[:, None] * freqs[None]
+        emb = torch.cat([emb.sin(), emb.cos()], -1).to(x.device)
+        return self.body(x + self.time(emb))
+
+
+@hazard
+def denoising_loop_over_cpu_timesteps(device, compile):
+    """A sampler's loop: each step calls the model with the next of the scheduler's timesteps, kept on
+    the CPU, expanded to the batch (as diffusers' pipelines do)."""
+    model = _TimestepDenoiser().to(device)
+    f = compile(model)
+    timesteps = torch.linspace(999, 0, 5).long()
+
+    @torch.no_grad()
+    def step(x):
+        for t in timesteps:
+            x = x - 0.1 * f(x, t.expand(x.shape[0]))
+        return x
+    return Program(step, _x(device, 2, 16))
+
+
 @hazard
 def cpu_tensor_input(device, compile):
     f = compile(lambda x, scale: x / scale)
@@ -1133,6 +1164,15 @@ def gradient_of_the_input(device, compile):
         f(x).sum().backward()
         return [x.grad]
     return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def parameter_gradients_by_autograd_grad(device, compile):
+    """Gradients taken with torch.autograd.grad (a meta-learning or gradient-penalty step), not .grad."""
+    model = _mlp(8).to(device)
+    f = compile(model)
+    return Program(lambda x: torch.autograd.grad(f(x).square().mean(), list(model.parameters())),
+                   _x(device, 4, 8))
 
 
 @hazard
