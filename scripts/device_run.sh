@@ -47,8 +47,9 @@ experiment_log() { step python3 run.py -m "$@" 2>&1 | grep --line-buffered -v '^
 if [ "$experiment" = suite ]; then
   # Session after session, each planned from the records so far by scripts/suite_jobs.py, while one fits
   # what is left of LIMIT; where none fits a whole call, one never measured here has the call to itself
+  # (only a call that the tests or EXTRA took nothing of: in what they left, it would be stopped for sure)
   fit=--fit
-  first=1
+  first=$(( $(left) > ${LIMIT:-570} - 60 ))
   while [ "$(left)" -gt 60 ]; do
     if ! plan=$(python3 scripts/suite_jobs.py --call $(( ${LIMIT:-570} - 30 )) --seconds $(( $(left) - 30 )) $fit); then
       [ -n "$fit" ] && [ "$first" = 1 ] && fit= && continue
