@@ -2,8 +2,9 @@
 torch.profiler as the harness times it (synchronized before and after): the host's time before the first
 device activity, the device's busy time, the idle gaps between activities, and for the largest gaps the
 Python functions that ran wholly inside them (what the GPU waited for); when on the host's clock each
-CUDA graph was launched; and where the host's time before the first device activity went, function by
-function (the time each spent there outside the functions it called).
+CUDA graph was launched, and when its first kernel began on the GPU; and where the host's time before
+the first device activity went, function by function (the time each spent there outside the functions
+it called).
 
     python scripts/gpu_gaps.py MTCG-T pt2_cg grace [--iters 5] > results/gaps/<device>/MTCG-T.md
 
@@ -13,6 +14,7 @@ part takes, not which of it the GPU waited on.
 """
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -64,14 +66,32 @@ def merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in out]
 
 
+def _correlation(e: dict) -> int | None:
+    """The id that ties a launch to what it ran on the device (CUPTI's correlation id)."""
+    return (e.get("args") or {}).get("correlation")
+
+
+def _began(began: dict[int, float], launch: dict) -> float:
+    """When the launch's first kernel began, or nan: none carries its id, or one that began before the
+    launch does (CUPTI before CUDA 13.1 Update 1 can give a graph's kernels wrong ids in a session after
+    the first)."""
+    t = began.get(_correlation(launch), math.nan)
+    return t if t >= launch["ts"] else math.nan
+
+
 def iterations(events: list[dict]) -> list[dict]:
     """Per marked iteration (us): its span, the host's lead before the first device activity (and that
     activity's name: a variant that copies inputs first starts the device sooner), busy time, idle time
     between activities, the tail after the last, and its gaps (start, end), the longest first."""
     activities = sorted((e for e in events if e.get("cat") in DEVICE_CATEGORIES), key=lambda e: e["ts"])
     device = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in activities]
-    launches = sorted(e["ts"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
-                      and e.get("name") in GRAPH_LAUNCHES)
+    launches = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                       and e.get("name") in GRAPH_LAUNCHES), key=lambda e: e["ts"])
+    # a graph's kernels carry its launch's correlation id: when the GPU began each launched graph
+    began: dict[int, float] = {}
+    for e in activities:
+        if _correlation(e) is not None:
+            began.setdefault(_correlation(e), e["ts"])
     found = []
     for m in sorted((e for e in events if e.get("name") == MARK and e.get("cat") == "user_annotation"),
                     key=lambda e: e["ts"]):
@@ -85,7 +105,8 @@ def iterations(events: list[dict]) -> list[dict]:
                       "busy": sum(b - a for a, b in busy),
                       "idle": sum(b - a for a, b in gaps), "tail": end - busy[-1][1],
                       "long idle": sum(b - a for a, b in gaps if b - a > LONG),
-                      "graph launches": [t - start for t in launches if start <= t < end],
+                      "graph launches": [e["ts"] - start for e in launches if start <= e["ts"] < end],
+                      "graph starts": [_began(began, e) - start for e in launches if start <= e["ts"] < end],
                       "gaps": sorted(gaps, key=lambda g: g[0] - g[1])})
     return found
 
@@ -147,8 +168,12 @@ def report(variant: str, plain: list[dict], stacked: list[dict]) -> str:
              f" {LONG:.0f} us: {med['long idle']:.0f}) + tail {med['tail']:.0f} us", ""]
     counts = {len(i["graph launches"]) for i in its}
     if len(counts) == 1 and counts != {0}:  # the same graphs each iteration: the median time of each launch
-        at = [statistics.median(i["graph launches"][k] for i in its) for k in range(counts.pop())]
-        lines += [f"CUDA graphs launched at (us from the iteration's start, medians): {', '.join(f'+{t:.0f}' for t in at)}", ""]
+        n = counts.pop()
+        at = [statistics.median(i["graph launches"][k] for i in its) for k in range(n)]
+        known = [[i["graph starts"][k] for i in its if not math.isnan(i["graph starts"][k])] for k in range(n)]
+        began = [statistics.median(k) if k else math.nan for k in known]
+        lines += [f"CUDA graphs launched at (us from the iteration's start, medians): {', '.join(f'+{t:.0f}' for t in at)}",
+                  f"and their first kernels began at: {', '.join('?' if math.isnan(t) else f'+{t:.0f}' for t in began)}", ""]
     for one in iterations(stacked)[:1]:
         lines += [f"The first device activity: {one['first'][:90]}.", "",
                   "Under with_stack (a slower host), one iteration's lead and longest gaps (us, from its start)",

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from scripts import gpu_gaps
@@ -26,12 +28,17 @@ def test_an_iteration_splits_into_lead_busy_idle_and_tail():
     assert "- 10 lead: guards 6" in shown and "- 25 at +35: held_output 20" in shown
 
 
-def test_the_lead_is_told_by_each_functions_own_time_and_graph_launches_by_their_time():
+def test_the_lead_is_told_by_own_time_and_each_graph_by_its_launch_and_first_kernel():
     events = [_mark(0, 100), _mark(200, 100),
-              {"cat": "kernel", "ts": 40, "dur": 20}, {"cat": "kernel", "ts": 250, "dur": 20},
-              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 30, "dur": 5},
-              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 234, "dur": 5},
-              {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 20, "dur": 2},  # not a graph's
+              {"cat": "kernel", "ts": 40, "dur": 20, "args": {"correlation": 7}},
+              {"cat": "kernel", "ts": 62, "dur": 2, "args": {"correlation": 7}},  # the same graph's second
+              {"cat": "kernel", "ts": 250, "dur": 20, "args": {"correlation": 9}},
+              {"cat": "kernel", "ts": 240, "dur": 5, "args": {"correlation": 10}},  # launched after the graph
+              {"cat": "kernel", "ts": 70, "dur": 1, "args": {"correlation": 8}},  # the plain launch's
+              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 30, "dur": 5, "args": {"correlation": 7}},
+              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 234, "dur": 5, "args": {"correlation": 9}},
+              {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 20, "dur": 2, "args": {"correlation": 8}},  # not a graph's
+              {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 236, "dur": 2, "args": {"correlation": 10}},
               {"cat": "python_function", "name": "step", "ts": 0, "dur": 90, "tid": 1},
               {"cat": "python_function", "name": "forward", "ts": 10, "dur": 40, "tid": 1},
               {"cat": "python_function", "name": "held_output", "ts": 12, "dur": 15, "tid": 1},
@@ -40,10 +47,18 @@ def test_the_lead_is_told_by_each_functions_own_time_and_graph_launches_by_their
     # lead 0-40 on the step's thread: forward 15 (10-12, 27-40), held_output 15, prologue 10 (2-12), taken
     # from step (which the forward's 30 leave nothing of its own), not from the forward that outlasts it
     assert gpu_gaps.own_time(events, (0, 40), 1) == [(15, "held_output"), (15, "forward"), (10, "prologue")]
-    assert [i["graph launches"] for i in gpu_gaps.iterations(events)] == [[30], [34]]
+    its = gpu_gaps.iterations(events)
+    assert [i["graph launches"] for i in its] == [[30], [34]]
+    assert [i["graph starts"] for i in its] == [[40], [50]]
     shown = gpu_gaps.report("grace", events, events)
-    assert "CUDA graphs launched at (us from the iteration's start, medians): +32" in shown
+    assert "CUDA graphs launched at (us from the iteration's start, medians): +32\nand their first kernels began at: +45" in shown
     assert "held_output 15; forward 15; prologue 10\n" in shown
+    # a kernel with a launch's id that began before the launch (a wrong id) tells nothing
+    events[2]["args"]["correlation"] = events[3]["args"]["correlation"] = 11
+    events += [{"cat": "kernel", "ts": 205, "dur": 1, "args": {"correlation": 9}}]
+    starts = [i["graph starts"] for i in gpu_gaps.iterations(events)]
+    assert all(math.isnan(s[0]) for s in starts)
+    assert "and their first kernels began at: ?\n" in gpu_gaps.report("grace", events, events)
 
 
 def test_a_workload_builds_as_a_worker_builds_it():
