@@ -90,8 +90,8 @@ def iterations(events: list[dict]) -> list[dict]:
     # a graph's kernels carry its launch's correlation id: when the GPU began each launched graph
     began: dict[int, float] = {}
     for e in activities:
-        if _correlation(e) is not None:
-            began.setdefault(_correlation(e), e["ts"])
+        if (c := _correlation(e)) is not None:
+            began.setdefault(c, e["ts"])
     found = []
     for m in sorted((e for e in events if e.get("name") == MARK and e.get("cat") == "user_annotation"),
                     key=lambda e: e["ts"]):
@@ -100,13 +100,14 @@ def iterations(events: list[dict]) -> list[dict]:
         if not busy:
             continue
         gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:])]
+        mine = [e for e in launches if start <= e["ts"] < end]
         first = next(e.get("name", "?") for e in activities if e["ts"] == busy[0][0])
         found.append({"start": start, "tid": m.get("tid"), "span": end - start, "lead": busy[0][0] - start, "first": first,
                       "busy": sum(b - a for a, b in busy),
                       "idle": sum(b - a for a, b in gaps), "tail": end - busy[-1][1],
                       "long idle": sum(b - a for a, b in gaps if b - a > LONG),
-                      "graph launches": [e["ts"] - start for e in launches if start <= e["ts"] < end],
-                      "graph starts": [_began(began, e) - start for e in launches if start <= e["ts"] < end],
+                      "graph launches": [e["ts"] - start for e in mine],
+                      "graph starts": [_began(began, e) - start for e in mine],
                       "gaps": sorted(gaps, key=lambda g: g[0] - g[1])})
     return found
 
