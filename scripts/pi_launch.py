@@ -1,16 +1,21 @@
 """What launching a CUDA graph costs after PI re-points one of its kernel nodes, by the graph's size: is
-the cost of PI's update one driver call, or does the next launch pay for the whole graph?
+the cost of PI's update one driver call, or does a launch after it pay for the whole graph, once or on
+every later launch?
 
     python scripts/pi_launch.py [--out results/pi_launch] [--calls 100] [--rounds 5]
 
 A graph of `kernels` small kernels (4096 float32 elements each) whose first or last kernel reads the
-input, run four ways, interleaved round by round: `bare` replays it on its placeholder (never updated),
-`copy` copies a new input into the placeholder and replays (stock's way), `still` replays a copy of the
-graph that PI re-pointed once (nothing moves after), `moving` re-points that copy at a new input (one
-cuGraphExecKernelNodeSetParams, grace.pi.Indirection) before every replay, as PI does when a
-program's input moves every call. Each way is timed as the median of `calls` synchronized calls (the
-latency a caller waits: `sync_us`) and of the host time of the replay() call alone, from an idle GPU
-(`launch_us`). Writes one JSON line per graph (results/pi_launch/<device>/launch.jsonl).
+input, run six ways, interleaved round by round, each on a graph of its own: `bare` replays it on its
+placeholder (never re-pointed); `copy` copies a new input into that placeholder and replays (stock's
+way); `moving` re-points its kernel at a new input before every replay (one
+cuGraphExecKernelNodeSetParams through grace.pi.Indirection), as PI does when a program's input moves
+every call; `still` replays a graph re-pointed once, before the timing (an input that stays where it
+is, as in MTCG-T's forward, whose inputs are the same tensors every step); `back` one re-pointed there
+and back to its placeholder (as SCG leaves a graph it chose copies for, after timing PI); `uploaded`
+one re-pointed once and then uploaded explicitly (cuGraphUpload). Each way is timed as the median of
+`calls` synchronized calls (the latency a caller waits: `median_us_per_call`) and of the host time of
+the replay() call alone, from an idle GPU (`launch_us`). Writes one JSON line per graph
+(<out>/<device>/launch.jsonl).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments and grace
 
 from experiments import environment  # noqa: E402
+from grace.cuda_driver import driver  # noqa: E402
 from grace.pi import Indirection  # noqa: E402
 from replay_overhead import append_records, bench_args  # noqa: E402
 
@@ -76,37 +82,61 @@ def timed(run, calls: int) -> tuple[float, float]:
     return statistics.median(sync) * 1e6, statistics.median(launch) * 1e6
 
 
+class Pointed:
+    """A captured graph whose kernel that reads its input PI can re-point (grace.pi.Indirection)."""
+
+    def __init__(self, kernels: int, reads: str, w: torch.Tensor):
+        self.placeholder = torch.randn(ELEMENTS, device="cuda")
+        self.graph, self.out = capture(kernels, reads, self.placeholder, w)
+        self.indirection = Indirection(self.graph.raw_cuda_graph(), self.graph.raw_cuda_graph_exec(),
+                                       {0: (self.placeholder.data_ptr(), self.placeholder.untyped_storage().nbytes())})
+
+    def point(self, t: torch.Tensor) -> None:
+        self.indirection.point({0: t.data_ptr()})
+
+    def upload(self) -> None:
+        """Upload the executable graph as it is now, ahead of its next launch."""
+        stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
+        (err,) = driver.cuGraphUpload(self.indirection.exec, stream)
+        assert err == driver.CUresult.CUDA_SUCCESS, err
+        torch.cuda.synchronize()
+
+
 def measure(kernels: int, reads: str, calls: int, rounds: int) -> dict:
-    w, placeholder, pointed_placeholder = (torch.randn(ELEMENTS, device="cuda") for _ in range(3))
+    """Each way's time per call. The graphs of `still`, `back` and `uploaded` are each re-pointed once,
+    before any timing, and never again: at an input (still), there and back to their placeholder
+    (back), at an input and then uploaded explicitly (uploaded)."""
+    w = torch.randn(ELEMENTS, device="cuda")
     inputs = [torch.randn(ELEMENTS, device="cuda") for _ in range(INPUTS)]
-    bare, bare_out = capture(kernels, reads, placeholder, w)
-    pointed, pointed_out = capture(kernels, reads, pointed_placeholder, w)
-    indirection = Indirection(pointed.raw_cuda_graph(), pointed.raw_cuda_graph_exec(),
-                              {0: (pointed_placeholder.data_ptr(), pointed_placeholder.untyped_storage().nbytes())})
+    bare, moving, still, back, uploaded = (Pointed(kernels, reads, w) for _ in range(5))
+    still.point(inputs[0])
+    back.point(inputs[0])
+    back.point(back.placeholder)
+    uploaded.point(inputs[0])
+    uploaded.upload()
     new_input = itertools.cycle(inputs)
     ways = {
-        "bare": lambda launch: launch(bare.replay),
-        "copy": lambda launch: (placeholder.copy_(next(new_input)), launch(bare.replay)),
-        "still": lambda launch: launch(pointed.replay),
-        "moving": lambda launch: (indirection.point({0: next(new_input).data_ptr()}), launch(pointed.replay)),
+        "bare": lambda launch: launch(bare.graph.replay),
+        "copy": lambda launch: (bare.placeholder.copy_(next(new_input)), launch(bare.graph.replay)),
+        "moving": lambda launch: (moving.point(next(new_input)), launch(moving.graph.replay)),
+        "still": lambda launch: launch(still.graph.replay),
+        "back": lambda launch: launch(back.graph.replay),
+        "uploaded": lambda launch: launch(uploaded.graph.replay),
     }
     sync_us, launch_us = {way: [] for way in ways}, {way: [] for way in ways}
     for r in range(rounds):
         for way in list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]:
-            if way == "still":  # re-pointed before, and not again while timed
-                indirection.point({0: inputs[0].data_ptr()})
-                pointed.replay()
             s, la = timed(ways[way], calls)
             sync_us[way].append(s)
             launch_us[way].append(la)
-    # the re-pointed graph computes on the input it reads what the bare one computes on a copy of it
-    indirection.point({0: inputs[1].data_ptr()})
-    pointed.replay()
-    placeholder.copy_(inputs[1])
-    bare.replay()
-    torch.testing.assert_close(pointed_out, bare_out)
+    # a re-pointed graph computes on the input it reads what the bare one computes on a copy of it
+    moving.point(inputs[1])
+    bare.placeholder.copy_(inputs[1])
+    for g in (moving, bare):
+        g.graph.replay()
+    torch.testing.assert_close(moving.out, bare.out)
     return {"kernels": kernels, "reads": reads, "elements": ELEMENTS, "calls": calls, "rounds": rounds,
-            "patched_nodes": indirection.patched_nodes,
+            "patched_nodes": moving.indirection.patched_nodes,
             "median_us_per_call": {w: statistics.median(v) for w, v in sync_us.items()},
             "launch_us": {w: statistics.median(v) for w, v in launch_us.items()},
             "sync_us_by_round": sync_us, "launch_us_by_round": launch_us,
