@@ -98,7 +98,8 @@ class Pointed:
         """Upload the executable graph as it is now, ahead of its next launch."""
         stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
         (err,) = driver.cuGraphUpload(self.indirection.exec, stream)
-        assert err == driver.CUresult.CUDA_SUCCESS, err
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuGraphUpload: {err}")
         torch.cuda.synchronize()
 
 
@@ -137,8 +138,8 @@ def measure(kernels: int, reads: str, calls: int, rounds: int) -> dict:
     torch.testing.assert_close(moving.out, bare.out)
     return {"kernels": kernels, "reads": reads, "elements": ELEMENTS, "calls": calls, "rounds": rounds,
             "patched_nodes": moving.indirection.patched_nodes,
-            "median_us_per_call": {w: statistics.median(v) for w, v in sync_us.items()},
-            "launch_us": {w: statistics.median(v) for w, v in launch_us.items()},
+            "median_us_per_call": {way: statistics.median(v) for way, v in sync_us.items()},
+            "launch_us": {way: statistics.median(v) for way, v in launch_us.items()},
             "sync_us_by_round": sync_us, "launch_us_by_round": launch_us,
             "env": dataclasses.asdict(environment.current())}
 
