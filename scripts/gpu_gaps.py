@@ -2,15 +2,15 @@
 torch.profiler as the harness times it (synchronized before and after): the host's time before the first
 device activity, the device's busy time, the idle gaps between activities, and for the largest gaps the
 Python functions that ran wholly inside them (what the GPU waited for); when on the host's clock each
-CUDA graph was launched, and when its first kernel began on the GPU; and where the host's time before
-the first device activity went, function by function (the time each spent there outside the functions
-it called).
+CUDA graph was launched, when its first kernel began on the GPU and how long its launch call took; how
+long after its launch call the first device activity began; how many kernel nodes PI re-pointed in each
+step; and where the host's time before the first device activity went, function by function (the time
+each spent there outside the functions it called).
 
     python scripts/gpu_gaps.py MTCG-T pt2_cg grace [--iters 5] > results/gaps/<device>/MTCG-T.md
 
-Why: a variant can be slower at the same GPU time (MTCG-T on an H100 at code 9aa8f89e3f25: grace 12.88 ms
-against pt2_cg's 12.42, kernels 11.30 ms in both); the records' cProfile says how much host time each
-part takes, not which of it the GPU waited on.
+Why: a variant can be slower at the same GPU time (MTCG-T, docs/losses.md); the records' cProfile says
+how much host time each part takes, not which of it the GPU waited on.
 """
 import argparse
 import json
@@ -18,6 +18,7 @@ import math
 import statistics
 import sys
 import tempfile
+from unittest import mock
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ import grace  # noqa: E402
 from experiments import workloads  # noqa: E402
 from experiments.task import Task  # noqa: E402
 from experiments.variants import Variant  # noqa: E402
+from grace import pi  # noqa: E402
 from grace.profile import DEVICE_CATEGORIES, GRAPH_LAUNCHES  # noqa: E402
 
 MARK = "gpu_gaps.iteration"
@@ -85,8 +87,9 @@ def iterations(events: list[dict]) -> list[dict]:
     between activities, the tail after the last, and its gaps (start, end), the longest first."""
     activities = sorted((e for e in events if e.get("cat") in DEVICE_CATEGORIES), key=lambda e: e["ts"])
     device = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in activities]
-    launches = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
-                       and e.get("name") in GRAPH_LAUNCHES), key=lambda e: e["ts"])
+    calls = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+    launches = [e for e in calls if e.get("name") in GRAPH_LAUNCHES]
+    call_of = {c: e for e in calls if (c := _correlation(e)) is not None}
     # a graph's kernels carry its launch's correlation id: when the GPU began each launched graph
     began: dict[int, float] = {}
     for e in activities:
@@ -101,13 +104,18 @@ def iterations(events: list[dict]) -> list[dict]:
             continue
         gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:])]
         mine = [e for e in launches if start <= e["ts"] < end]
-        first = next(e.get("name", "?") for e in activities if e["ts"] == busy[0][0])
-        found.append({"start": start, "tid": m.get("tid"), "span": end - start, "lead": busy[0][0] - start, "first": first,
+        first = next(e for e in activities if e["ts"] == busy[0][0])
+        call = call_of.get(_correlation(first))
+        found.append({"start": start, "tid": m.get("tid"), "span": end - start, "lead": busy[0][0] - start, "first": first.get("name", "?"),
+                      # when the first activity began after its launch call began, and how long that call took
+                      "first after call": busy[0][0] - call["ts"] if call else math.nan,
+                      "first call": call.get("dur", math.nan) if call else math.nan,
                       "busy": sum(b - a for a, b in busy),
                       "idle": sum(b - a for a, b in gaps), "tail": end - busy[-1][1],
                       "long idle": sum(b - a for a, b in gaps if b - a > LONG),
                       "graph launches": [e["ts"] - start for e in mine],
                       "graph starts": [_began(began, e) - start for e in mine],
+                      "graph calls": [e.get("dur", math.nan) for e in mine],
                       "gaps": sorted(gaps, key=lambda g: g[0] - g[1])})
     return found
 
@@ -145,22 +153,41 @@ def own_time(events: list[dict], window: tuple[float, float], tid: object) -> li
     return sorted(((us, name) for name, us in spent.items() if us > 0), reverse=True)
 
 
-def traced(task: Task, fn, iters: int, stack: bool) -> list[dict]:
+def traced(task: Task, fn, iters: int, stack: bool) -> tuple[list[dict], list[int]]:
     """Chrome-trace events of `iters` steps, each marked and synchronized (grace.profile.trace, with the
-    Python functions too where `stack`)."""
+    Python functions too where `stack`), and how many kernel nodes PI re-pointed in each step."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities, with_stack=stack) as prof:
+    repointed: list[int] = []
+    point = pi.Indirection.point
+
+    def counted(self, ptrs):  # a re-pointed node may cost its graph's next launch: count them
+        updated = point(self, ptrs)
+        repointed[-1] += updated
+        return updated
+    with mock.patch.object(pi.Indirection, "point", counted), \
+            torch.profiler.profile(activities=activities, with_stack=stack) as prof:
         for _ in range(iters):
+            repointed.append(0)
             torch.cuda.synchronize()
             with torch.profiler.record_function(MARK):
                 task.step(fn)
                 torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as d:
         prof.export_chrome_trace(f"{d}/trace.json")
-        return json.loads(Path(f"{d}/trace.json").read_text())["traceEvents"]
+        return json.loads(Path(f"{d}/trace.json").read_text())["traceEvents"], repointed
 
 
-def report(variant: str, plain: list[dict], stacked: list[dict]) -> str:
+def _median(values: list[float]) -> float:
+    """The median of the known values (nan: unknown), or nan."""
+    known = [v for v in values if not math.isnan(v)]
+    return statistics.median(known) if known else math.nan
+
+
+def _us(t: float, sign: str = "") -> str:
+    return "?" if math.isnan(t) else f"{sign}{t:.0f}"
+
+
+def report(variant: str, plain: list[dict], stacked: list[dict], repointed: list[int] | None = None) -> str:
     its = iterations(plain)
     med = {k: statistics.median(i[k] for i in its) for k in ("span", "lead", "busy", "idle", "long idle", "tail")}
     lines = [f"## {variant}", "",
@@ -171,10 +198,15 @@ def report(variant: str, plain: list[dict], stacked: list[dict]) -> str:
     if len(counts) == 1 and counts != {0}:  # the same graphs each iteration: the median time of each launch
         n = counts.pop()
         at = [statistics.median(i["graph launches"][k] for i in its) for k in range(n)]
-        known = [[i["graph starts"][k] for i in its if not math.isnan(i["graph starts"][k])] for k in range(n)]
-        began = [statistics.median(k) if k else math.nan for k in known]
+        began = [_median([i["graph starts"][k] for i in its]) for k in range(n)]
+        took = [_median([i["graph calls"][k] for i in its]) for k in range(n)]
         lines += [f"CUDA graphs launched at (us from the iteration's start, medians): {', '.join(f'+{t:.0f}' for t in at)}",
-                  f"and their first kernels began at: {', '.join('?' if math.isnan(t) else f'+{t:.0f}' for t in began)}", ""]
+                  f"and their first kernels began at: {', '.join(_us(t, '+') for t in began)}",
+                  f"and their launch calls took (us): {', '.join(_us(t) for t in took)}", ""]
+    lines += [f"The first device activity began {_us(_median([i['first after call'] for i in its]))} us after its launch"
+              f" call began, a call of {_us(_median([i['first call'] for i in its]))} us (medians).", ""]
+    if repointed is not None:
+        lines += [f"Kernel nodes PI re-pointed, in each iteration: {', '.join(map(str, repointed))}.", ""]
     for one in iterations(stacked)[:1]:
         lines += [f"The first device activity: {one['first'][:90]}.", "",
                   "Under with_stack (a slower host), one iteration's lead and longest gaps (us, from its start)",
@@ -204,7 +236,8 @@ def main(argv=None) -> int:
         task, fn = build(args.workload, variant)
         for _ in range(WARMUP):
             task.step(fn)
-        print(report(variant, traced(task, fn, args.iters, False), traced(task, fn, 1, True)), flush=True)
+        plain, repointed = traced(task, fn, args.iters, False)
+        print(report(variant, plain, traced(task, fn, 1, True)[0], repointed), flush=True)
         del task, fn
         torch.cuda.empty_cache()
     return 0

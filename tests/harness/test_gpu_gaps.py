@@ -53,6 +53,10 @@ def test_the_lead_is_told_by_own_time_and_each_graph_by_its_launch_and_first_ker
     shown = gpu_gaps.report("grace", events, events)
     assert "CUDA graphs launched at (us from the iteration's start, medians): +32\nand their first kernels began at: +45" in shown
     assert "held_output 15; forward 15; prologue 10\n" in shown
+    # each graph's launch call took 5 us; the first activities began 10 and 4 us after calls of 5 and 2 us
+    assert "and their launch calls took (us): 5\n" in shown
+    assert "The first device activity began 7 us after its launch call began, a call of 4 us (medians)." in shown
+    assert "Kernel nodes PI re-pointed, in each iteration: 3, 0." in gpu_gaps.report("grace", events, events, [3, 0])
     # a kernel with a launch's id that began before the launch (a wrong id) tells nothing
     events[2]["args"]["correlation"] = events[3]["args"]["correlation"] = 11
     events += [{"cat": "kernel", "ts": 205, "dur": 1, "args": {"correlation": 9}}]
@@ -71,3 +75,20 @@ def test_no_gpu_is_a_one_line_error(capsys):
         pytest.skip("has a GPU")
     assert gpu_gaps.main(["EOS", "eager"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_kernel_nodes_pi_re_points_are_counted_per_step(monkeypatch):
+    monkeypatch.setattr(gpu_gaps.pi.Indirection, "point", lambda self, ptrs: len(ptrs))
+    monkeypatch.setattr(gpu_gaps.torch.cuda, "synchronize", lambda: None)
+
+    class Task:
+        steps = 0
+
+        def step(self, fn):  # the first step re-points two graphs' nodes (2 + 1), the later ones none
+            for ptrs in ([{0: 1, 1: 2}, {0: 3}] if self.steps == 0 else [{}]):
+                gpu_gaps.pi.Indirection.point(object(), ptrs)
+            self.steps += 1
+    events, repointed = gpu_gaps.traced(Task(), None, 3, False)
+    assert repointed == [3, 0, 0]
+    assert gpu_gaps.pi.Indirection.point(object(), {0: 1}) == 1  # unwrapped again
+    assert sum(e.get("name") == gpu_gaps.MARK for e in events) == 3
