@@ -18,8 +18,8 @@ import math
 import statistics
 import sys
 import tempfile
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import torch
 from omegaconf import OmegaConf
