@@ -4,8 +4,9 @@ every later launch?
 
     python scripts/pi_launch.py [--out results/pi_launch] [--calls 100] [--rounds 5]
 
-A graph of `kernels` small kernels (4096 float32 elements each) whose first or last kernel reads the
-input, run six ways, interleaved round by round, each on a graph of its own: `bare` replays it on its
+A graph of `kernels` small kernels (4096 float32 elements each) whose first, last or every kernel reads
+the input (every: PI has as many nodes to point as the graph has kernels, as in a training step whose
+weights are the graph's inputs), run six ways, interleaved round by round, each on a graph of its own: `bare` replays it on its
 placeholder (never re-pointed); `copy` copies a new input into that placeholder and replays (stock's
 way); `moving` re-points its kernel at a new input before every replay (one
 cuGraphExecKernelNodeSetParams through grace.pi.Indirection), as PI does when a program's input moves
@@ -42,12 +43,15 @@ INPUTS = 3  # new inputs cycled through: each call's is another
 
 
 def capture(kernels: int, reads: str, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """A graph of `kernels` kernels, the first (reads="first") or the last ("last", kernels >= 2) of
-    which reads x."""
+    """A graph of `kernels` kernels, the first (reads="first"), the last ("last", kernels >= 2) or
+    each ("every") of which reads x."""
     def body():
-        y = x * 2 if reads == "first" else w * 2
+        y = w * 2 if reads == "last" else x * 2
         for _ in range(kernels - 1 - (reads == "last")):
-            y.mul_(1.0001)
+            if reads == "every":
+                y.add_(x, alpha=1e-4)
+            else:
+                y.mul_(1.0001)
         if reads == "last":
             y.add_(x)
         return y
@@ -148,7 +152,8 @@ def main() -> None:
     args = bench_args(__doc__, "pi_launch", calls=100, rounds=5)
     records = []
     with torch.no_grad():
-        for kernels, reads in [(k, "first") for k in KERNELS] + [(k, "last") for k in KERNELS if k > 1]:
+        for kernels, reads in ([(k, "first") for k in KERNELS] + [(k, "last") for k in KERNELS if k > 1]
+                               + [(k, "every") for k in KERNELS if k > 1]):
             records.append(measure(kernels, reads, args.calls, args.rounds))
             r = records[-1]
             print(kernels, reads, "sync", {w: round(v, 1) for w, v in r["median_us_per_call"].items()},
