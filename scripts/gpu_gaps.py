@@ -5,7 +5,8 @@ Python functions that ran wholly inside them (what the GPU waited for); when on 
 CUDA graph was launched, when its first kernel began on the GPU and how long its launch call took; how
 long after its launch call the first device activity began; how many kernel nodes PI re-pointed in each
 step; and where the host's time before the first device activity went, function by function (the time
-each spent there outside the functions it called).
+each spent there outside the functions it called). Then, without the profiler (CUPTI can slow a graph's
+launch), each step's time and the host time of each graph's replay() call.
 
     python scripts/gpu_gaps.py MTCG-T pt2_cg grace [--iters 5] > results/gaps/<device>/MTCG-T.md
 
@@ -18,6 +19,7 @@ import math
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -39,6 +41,7 @@ WARMUP = 8
 SHOWN = 5  # gaps, and functions per gap
 SHOWN_LEAD = 12  # functions of the lead, by their own time in it
 LONG = 10.0  # us: a gap longer than the spacing of a graph's or a queue's kernels, the host's doing
+UNPROFILED = 20  # steps timed without the profiler
 
 
 def build(workload: str, variant: str, device: str = "cuda", hf: dict[str, str] | None = None) -> tuple[Task, object]:
@@ -177,6 +180,37 @@ def traced(task: Task, fn, iters: int, stack: bool) -> tuple[list[dict], list[in
         return json.loads(Path(f"{d}/trace.json").read_text())["traceEvents"], repointed
 
 
+def unprofiled(task: Task, fn, iters: int) -> tuple[list[float], list[list[float]]]:
+    """Without the profiler: each of `iters` synchronized steps' time (ms), and the host time of each
+    CUDA graph's replay() call in it, in the order called (us)."""
+    replay = torch.cuda.CUDAGraph.replay
+    calls: list[list[float]] = []
+
+    def timed(self):
+        t = time.perf_counter()
+        replay(self)
+        calls[-1].append((time.perf_counter() - t) * 1e6)
+    steps = []
+    with mock.patch.object(torch.cuda.CUDAGraph, "replay", timed):
+        for _ in range(iters):
+            calls.append([])
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            task.step(fn)
+            torch.cuda.synchronize()
+            steps.append((time.perf_counter() - t) * 1e3)
+    return steps, calls
+
+
+def report_unprofiled(steps: list[float], calls: list[list[float]]) -> str:
+    line = f"Without the profiler, {len(steps)} steps: {statistics.median(steps):.3f} ms a step (median)"
+    counts = {len(c) for c in calls}
+    if len(counts) == 1 and counts != {0}:
+        took = [statistics.median(c[k] for c in calls) for k in range(counts.pop())]
+        line += f"; its CUDA graphs' replay() calls took (us, medians): {', '.join(f'{t:.0f}' for t in took)}"
+    return line + ".\n"
+
+
 def _median(values: list[float]) -> float:
     """The median of the known values (nan: unknown), or nan."""
     known = [v for v in values if not math.isnan(v)]
@@ -238,6 +272,7 @@ def main(argv=None) -> int:
             task.step(fn)
         plain, repointed = traced(task, fn, args.iters, False)
         print(report(variant, plain, traced(task, fn, 1, True)[0], repointed), flush=True)
+        print(report_unprofiled(*unprofiled(task, fn, UNPROFILED)), flush=True)
         del task, fn
         torch.cuda.empty_cache()
     return 0

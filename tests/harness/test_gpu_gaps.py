@@ -92,3 +92,19 @@ def test_the_kernel_nodes_pi_re_points_are_counted_per_step(monkeypatch):
     assert repointed == [3, 0, 0]
     assert gpu_gaps.pi.Indirection.point(object(), {0: 1}) == 1  # unwrapped again
     assert sum(e.get("name") == gpu_gaps.MARK for e in events) == 3
+
+
+def test_each_graph_replay_is_timed_without_the_profiler(monkeypatch):
+    monkeypatch.setattr(gpu_gaps.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(gpu_gaps.torch.cuda.CUDAGraph, "replay", lambda self: gpu_gaps.time.sleep(0.002))
+
+    class Task:
+        def step(self, fn):  # two graphs a step
+            gpu_gaps.torch.cuda.CUDAGraph.replay(None)
+            gpu_gaps.torch.cuda.CUDAGraph.replay(None)
+    steps, calls = gpu_gaps.unprofiled(Task(), None, 3)
+    assert len(steps) == 3 and all(s >= 4 for s in steps)
+    assert [len(c) for c in calls] == [2, 2, 2] and all(2000 <= t < 20000 for c in calls for t in c)
+    shown = gpu_gaps.report_unprofiled(steps, calls)
+    assert shown.startswith("Without the profiler, 3 steps: ") and shown.rsplit(": ", 1)[1].count(",") == 1
+    assert "replay() calls" not in gpu_gaps.report_unprofiled([1.0, 1.0], [[5.0], []])  # not the same graphs
