@@ -13,7 +13,9 @@ cuGraphExecKernelNodeSetParams through grace.pi.Indirection), as PI does when a 
 every call; `still` replays a graph re-pointed once, before the timing (an input that stays where it
 is, as in MTCG-T's forward, whose inputs are the same tensors every step); `back` one re-pointed there
 and back to its placeholder (as SCG leaves a graph it chose copies for, after timing PI); `uploaded`
-one re-pointed once and then uploaded explicitly (cuGraphUpload). Each way is timed as the median of
+one re-pointed once and then uploaded explicitly (cuGraphUpload); `raw` re-points as `moving` does, but
+calls the driver through ctypes with prepared arguments instead of cuda-bindings (what PI's cost per node
+would be with a leaner binding). Each way is timed as the median of
 `calls` synchronized calls (the latency a caller waits: `median_us_per_call`) and of the host time of
 the replay() call alone, from an idle GPU (`launch_us`). Writes one JSON line per graph
 (<out>/<device>/launch.jsonl).
@@ -21,7 +23,9 @@ the replay() call alone, from an idle GPU (`launch_us`). Writes one JSON line pe
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import itertools
 import statistics
 import sys
@@ -86,6 +90,15 @@ def timed(run, calls: int) -> tuple[float, float]:
     return statistics.median(sync) * 1e6, statistics.median(launch) * 1e6
 
 
+@functools.cache
+def set_params():
+    """The driver's cuGraphExecKernelNodeSetParams through ctypes (cuda.h maps the name to this symbol,
+    whose struct is cuda-bindings' CUDA_KERNEL_NODE_PARAMS), taking raw handles."""
+    f = ctypes.CDLL("libcuda.so.1").cuGraphExecKernelNodeSetParams_v2
+    f.argtypes, f.restype = [ctypes.c_void_p] * 3, ctypes.c_int
+    return f
+
+
 class Pointed:
     """A captured graph whose kernel that reads its input PI can re-point (grace.pi.Indirection)."""
 
@@ -94,9 +107,17 @@ class Pointed:
         self.graph, self.out = capture(kernels, reads, self.placeholder, w)
         self.indirection = Indirection(self.graph.raw_cuda_graph(), self.graph.raw_cuda_graph_exec(),
                                        {0: (self.placeholder.data_ptr(), self.placeholder.untyped_storage().nbytes())})
+        self.exec, self.set_params = self.graph.raw_cuda_graph_exec(), set_params()
 
     def point(self, t: torch.Tensor) -> None:
         self.indirection.point({0: t.data_ptr()})
+
+    def point_raw(self, t: torch.Tensor) -> None:
+        """What point does, each node's update through ctypes: its slots written, one driver call."""
+        for n in self.indirection.nodes:
+            n.write({0: t.data_ptr()})
+            if self.set_params(self.exec, int(n.node), n.params.getPtr()):
+                raise RuntimeError("cuGraphExecKernelNodeSetParams failed")
 
     def upload(self) -> None:
         """Upload the executable graph as it is now, ahead of its next launch."""
@@ -113,7 +134,7 @@ def measure(kernels: int, reads: str, calls: int, rounds: int) -> dict:
     (back), at an input and then uploaded explicitly (uploaded)."""
     w = torch.randn(ELEMENTS, device="cuda")
     inputs = [torch.randn(ELEMENTS, device="cuda") for _ in range(INPUTS)]
-    bare, moving, still, back, uploaded = (Pointed(kernels, reads, w) for _ in range(5))
+    bare, moving, still, back, uploaded, raw = (Pointed(kernels, reads, w) for _ in range(6))
     still.point(inputs[0])
     back.point(inputs[0])
     back.point(back.placeholder)
@@ -127,6 +148,7 @@ def measure(kernels: int, reads: str, calls: int, rounds: int) -> dict:
         "still": lambda launch: launch(still.graph.replay),
         "back": lambda launch: launch(back.graph.replay),
         "uploaded": lambda launch: launch(uploaded.graph.replay),
+        "raw": lambda launch: (raw.point_raw(next(new_input)), launch(raw.graph.replay)),
     }
     sync_us, launch_us = {way: [] for way in ways}, {way: [] for way in ways}
     for r in range(rounds):
@@ -136,10 +158,12 @@ def measure(kernels: int, reads: str, calls: int, rounds: int) -> dict:
             launch_us[way].append(la)
     # a re-pointed graph computes on the input it reads what the bare one computes on a copy of it
     moving.point(inputs[1])
+    raw.point_raw(inputs[1])
     bare.placeholder.copy_(inputs[1])
-    for g in (moving, bare):
+    for g in (moving, raw, bare):
         g.graph.replay()
     torch.testing.assert_close(moving.out, bare.out)
+    torch.testing.assert_close(raw.out, bare.out)
     return {"kernels": kernels, "reads": reads, "elements": ELEMENTS, "calls": calls, "rounds": rounds,
             "patched_nodes": moving.indirection.patched_nodes,
             "median_us_per_call": {way: statistics.median(v) for way, v in sync_us.items()},
