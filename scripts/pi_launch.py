@@ -174,16 +174,12 @@ def measure(kernels: int, reads: str, calls: int, rounds: int) -> dict:
 
 def main() -> None:
     args = bench_args(__doc__, "pi_launch", calls=100, rounds=5)
-    records = []
     with torch.no_grad():
         for kernels, reads in ([(k, "first") for k in KERNELS] + [(k, "last") for k in KERNELS if k > 1]
                                + [(k, "every") for k in KERNELS if k > 1]):
-            records.append(measure(kernels, reads, args.calls, args.rounds))
-            r = records[-1]
-            print(kernels, reads, "sync", {w: round(v, 1) for w, v in r["median_us_per_call"].items()},
-                  "launch", {w: round(v, 1) for w, v in r["launch_us"].items()}, flush=True)
-    append_records(args.out, "launch.jsonl", records, "kernels")
-
+            r = measure(kernels, reads, args.calls, args.rounds)
+            print(kernels, reads, "launch", {w: round(v, 1) for w, v in r["launch_us"].items()}, flush=True)
+            append_records(args.out, "launch.jsonl", [r], "kernels")  # each as it comes: a later failure loses none
 
 if __name__ == "__main__":
     main()
