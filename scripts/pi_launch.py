@@ -6,19 +6,18 @@ every later launch?
 
 A graph of `kernels` small kernels (4096 float32 elements each) whose first, last or every kernel reads
 the input (every: PI has as many nodes to point as the graph has kernels, as in a training step whose
-weights are the graph's inputs), run six ways, interleaved round by round, each on a graph of its own: `bare` replays it on its
-placeholder (never re-pointed); `copy` copies a new input into that placeholder and replays (stock's
-way); `moving` re-points its kernel at a new input before every replay (one
-cuGraphExecKernelNodeSetParams through grace.pi.Indirection), as PI does when a program's input moves
-every call; `still` replays a graph re-pointed once, before the timing (an input that stays where it
-is, as in MTCG-T's forward, whose inputs are the same tensors every step); `back` one re-pointed there
+weights are the graph's inputs), run seven ways, interleaved round by round, each on a graph of its own:
+`bare` replays it on its placeholder (never re-pointed); `copy` copies a new input into that placeholder
+and replays (stock's way); `moving` re-points its kernels at a new input before every replay (one
+cuGraphExecKernelNodeSetParams a node through grace.pi.Indirection), as PI does when a program's input
+moves every call; `still` replays a graph re-pointed once, before the timing (an input that stays where
+it is, as in MTCG-T's forward, whose inputs are the same tensors every step); `back` one re-pointed there
 and back to its placeholder (as SCG leaves a graph it chose copies for, after timing PI); `uploaded`
 one re-pointed once and then uploaded explicitly (cuGraphUpload); `raw` re-points as `moving` does, but
 calls the driver through ctypes with prepared arguments instead of cuda-bindings (what PI's cost per node
-would be with a leaner binding). Each way is timed as the median of
-`calls` synchronized calls (the latency a caller waits: `median_us_per_call`) and of the host time of
-the replay() call alone, from an idle GPU (`launch_us`). Writes one JSON line per graph
-(<out>/<device>/launch.jsonl).
+would be with a leaner binding). Each way is timed as the median of `calls` synchronized calls (the
+latency a caller waits: `median_us_per_call`) and of the host time of the replay() call alone, from an
+idle GPU (`launch_us`). Writes one JSON line per graph (<out>/<device>/launch.jsonl).
 """
 
 from __future__ import annotations
@@ -114,8 +113,9 @@ class Pointed:
 
     def point_raw(self, t: torch.Tensor) -> None:
         """What point does, each node's update through ctypes: its slots written, one driver call."""
+        ptrs = {0: t.data_ptr()}
         for n in self.indirection.nodes:
-            n.write({0: t.data_ptr()})
+            n.write(ptrs)
             if self.set_params(self.exec, int(n.node), n.params.getPtr()):
                 raise RuntimeError("cuGraphExecKernelNodeSetParams failed")
 
@@ -180,6 +180,7 @@ def main() -> None:
             r = measure(kernels, reads, args.calls, args.rounds)
             print(kernels, reads, "launch", {w: round(v, 1) for w, v in r["launch_us"].items()}, flush=True)
             append_records(args.out, "launch.jsonl", [r], "kernels")  # each as it comes: a later failure loses none
+
 
 if __name__ == "__main__":
     main()
