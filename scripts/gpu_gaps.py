@@ -4,7 +4,7 @@ device activity, the device's busy time, the idle gaps between activities, and f
 Python functions that ran wholly inside them (what the GPU waited for); when on the host's clock each
 CUDA graph was launched, when its first kernel began on the GPU and how long its launch call took; how
 long after its launch call the first device activity began; how many kernel nodes PI re-pointed in each
-step; and where the host's time before the first device activity went, function by function (the time
+step, and in the set-up and warm-up steps, with each captured graph's nodes by kind; and where the host's time before the first device activity went, function by function (the time
 each spent there outside the functions it called). Then, without the profiler (CUPTI can slow a graph's
 launch), each step's time and the host time of each graph's replay() call.
 
@@ -14,6 +14,7 @@ Why: a variant can be slower at the same GPU time (MTCG-T, docs/losses.md); the 
 how much host time each part takes, not which of it the GPU waited on.
 """
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -33,7 +34,7 @@ import grace  # noqa: E402
 from experiments import workloads  # noqa: E402
 from experiments.task import Task  # noqa: E402
 from experiments.variants import Variant  # noqa: E402
-from grace import pi  # noqa: E402
+from grace import pi, recording  # noqa: E402
 from grace.profile import DEVICE_CATEGORIES, GRAPH_LAUNCHES  # noqa: E402
 
 MARK = "gpu_gaps.iteration"
@@ -156,19 +157,11 @@ def own_time(events: list[dict], window: tuple[float, float], tid: object) -> li
     return sorted(((us, name) for name, us in spent.items() if us > 0), reverse=True)
 
 
-def traced(task: Task, fn, iters: int, stack: bool) -> tuple[list[dict], list[int]]:
+def traced(task: Task, fn, iters: int, stack: bool, repointed: list[int]) -> list[dict]:
     """Chrome-trace events of `iters` steps, each marked and synchronized (grace.profile.trace, with the
-    Python functions too where `stack`), and how many kernel nodes PI re-pointed in each step."""
+    Python functions too where `stack`), each step's count of re-pointed nodes appended to `repointed`."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    repointed: list[int] = []
-    point = pi.Indirection.point
-
-    def counted(self, ptrs):  # a re-pointed node may cost its graph's next launch: count them
-        updated = point(self, ptrs)
-        repointed[-1] += updated
-        return updated
-    with mock.patch.object(pi.Indirection, "point", counted), \
-            torch.profiler.profile(activities=activities, with_stack=stack) as prof:
+    with torch.profiler.profile(activities=activities, with_stack=stack) as prof:
         for _ in range(iters):
             repointed.append(0)
             torch.cuda.synchronize()
@@ -177,7 +170,28 @@ def traced(task: Task, fn, iters: int, stack: bool) -> tuple[list[dict], list[in
                 torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as d:
         prof.export_chrome_trace(f"{d}/trace.json")
-        return json.loads(Path(f"{d}/trace.json").read_text())["traceEvents"], repointed
+        return json.loads(Path(f"{d}/trace.json").read_text())["traceEvents"]
+
+
+@contextlib.contextmanager
+def counting():
+    """The kernel nodes PI re-points, counted into the list's last entry (a re-pointed node may cost its
+    graph's later launches), and the nodes of each graph captured, by kind."""
+    repointed: list[int] = [0]
+    captured: list[dict[str, int] | None] = []
+    point, capture = pi.Indirection.point, recording.capture
+
+    def counted(self, ptrs):
+        updated = point(self, ptrs)
+        repointed[-1] += updated
+        return updated
+
+    def census(*args, **kwargs):
+        got = capture(*args, **kwargs)
+        captured.append(got.nodes)
+        return got
+    with mock.patch.object(pi.Indirection, "point", counted), mock.patch.object(recording, "capture", census):
+        yield repointed, captured
 
 
 def unprofiled(task: Task, fn, iters: int) -> tuple[list[float], list[list[float]]]:
@@ -200,6 +214,15 @@ def unprofiled(task: Task, fn, iters: int) -> tuple[list[float], list[list[float
             torch.cuda.synchronize()
             steps.append((time.perf_counter() - t) * 1e3)
     return steps, calls
+
+
+def report_setup(repointed: int, captured: list[dict[str, int] | None]) -> str:
+    """What the set-up and warm-up steps left: the graphs captured, their nodes, and how many kernel nodes
+    PI re-pointed (a node set once, then never again, may still cost every later launch)."""
+    kinds = "; ".join(", ".join(f"{k} {n}" for k, n in nodes.items() if n) if nodes else "not read"
+                      for nodes in captured)
+    return (f"Set-up and {WARMUP} warm-up steps: {len(captured)} CUDA graphs captured ({kinds or 'none'});"
+            f" PI re-pointed {repointed} kernel nodes.\n")
 
 
 def report_unprofiled(steps: list[float], calls: list[list[float]]) -> str:
@@ -267,11 +290,15 @@ def main(argv=None) -> int:
     print(f"# {args.workload}: {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
     for variant in args.variants:
         grace.reset()  # Dynamo's caches, and the CUDA graphs of the variant before
-        task, fn = build(args.workload, variant)
-        for _ in range(WARMUP):
-            task.step(fn)
-        plain, repointed = traced(task, fn, args.iters, False)
-        print(report(variant, plain, traced(task, fn, 1, True)[0], repointed), flush=True)
+        with counting() as (repointed, captured):
+            task, fn = build(args.workload, variant)
+            for _ in range(WARMUP):
+                task.step(fn)
+            setup = report_setup(repointed.pop(), captured)
+            plain = traced(task, fn, args.iters, False, repointed)
+            steps = list(repointed)
+            stacked = traced(task, fn, 1, True, repointed)
+        print(report(variant, plain, stacked, steps) + "\n" + setup, flush=True)
         print(report_unprofiled(*unprofiled(task, fn, UNPROFILED)), flush=True)
         del task, fn
         torch.cuda.empty_cache()

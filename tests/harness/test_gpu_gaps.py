@@ -88,10 +88,28 @@ def test_the_kernel_nodes_pi_re_points_are_counted_per_step(monkeypatch):
             for ptrs in ([{0: 1, 1: 2}, {0: 3}] if self.steps == 0 else [{}]):
                 gpu_gaps.pi.Indirection.point(object(), ptrs)
             self.steps += 1
-    events, repointed = gpu_gaps.traced(Task(), None, 3, False)
+    with gpu_gaps.counting() as (repointed, _):
+        gpu_gaps.pi.Indirection.point(object(), {0: 1, 1: 1, 2: 1, 3: 1})  # at set-up
+        assert repointed == [4]
+        repointed.pop()
+        events = gpu_gaps.traced(Task(), None, 3, False, repointed)
     assert repointed == [3, 0, 0]
     assert gpu_gaps.pi.Indirection.point(object(), {0: 1}) == 1  # unwrapped again
     assert sum(e.get("name") == gpu_gaps.MARK for e in events) == 3
+
+
+def test_the_graphs_captured_are_counted_by_their_nodes(monkeypatch):
+    captured = gpu_gaps.recording.Captured(None, [], {"kernel": 5, "memcpy": 1, "memset": 0, "other": 0}, None)
+    monkeypatch.setattr(gpu_gaps.recording, "capture", lambda fn, args: captured)
+    with gpu_gaps.counting() as (repointed, nodes):
+        assert gpu_gaps.recording.capture(None, []) is captured
+        gpu_gaps.recording.capture(None, []).nodes = None  # nodes the driver could not read
+        gpu_gaps.recording.capture(None, [])
+    assert gpu_gaps.recording.capture(None, []) is captured and len(nodes) == 3  # unwrapped again
+    assert gpu_gaps.report_setup(7, nodes[:1] + [None]) == (
+        f"Set-up and {gpu_gaps.WARMUP} warm-up steps: 2 CUDA graphs captured (kernel 5, memcpy 1; not read);"
+        " PI re-pointed 7 kernel nodes.\n")
+    assert "0 CUDA graphs captured (none)" in gpu_gaps.report_setup(0, [])
 
 
 def test_each_graph_replay_is_timed_without_the_profiler(monkeypatch):
