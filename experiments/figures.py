@@ -528,8 +528,15 @@ def single_gpu(records: Iterable[Record]) -> list[Record]:
     return [r for r in records if r.tp == 1 and r.experiment != TP_EXPERIMENT]
 
 
-# experiments whose records are not the sweep's (experiments/corpus, experiments/mutation): read by their own readers
-OWN_FORMATS = ("corpus", "mutation")
+def _sweeps(path: Path) -> bool:
+    """Whether a records file holds the sweep's records (each with its session), not those of
+    experiments/corpus or experiments/mutation, which their own readers read, under whatever name."""
+    with path.open() as f:
+        first = next((line for line in f if line.strip()), "{}")
+    try:
+        return "session" in json.loads(first)
+    except ValueError:
+        return True  # the store's reader says what it cannot read
 
 
 def load(results: Path, device: str, experiments: Sequence[str] | None = None) -> tuple[list[Record], list[Record]]:
@@ -537,7 +544,7 @@ def load(results: Path, device: str, experiments: Sequence[str] | None = None) -
     figures use: made since their workload's last revision, run 0 (later runs only measure the spread)."""
     from experiments.records import RecordStore, current
 
-    paths = [q for q in sorted(results.glob(f"*/{device}/records.jsonl")) if q.parent.parent.name not in OWN_FORMATS]
+    paths = [q for q in sorted(results.glob(f"*/{device}/records.jsonl")) if _sweeps(q)]
     if experiments:
         paths = [q for q in paths if q.parent.parent.name in experiments]
     every = sorted((r for q in paths for r in RecordStore(q).load()), key=lambda r: r.env.get("date", ""))

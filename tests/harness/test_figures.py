@@ -150,6 +150,7 @@ def test_make_figures_with_a_code_draws_only_what_that_code_measured(tmp_path):
 def test_load_reads_the_sweeps_records_and_leaves_other_formats_to_their_readers(tmp_path, caplog):
     for experiment, lines in (("full", [r.to_json() for r in RECORDS]),
                               ("corpus", ['{"program": "zoo.mlp", "kernels": 3}']),
+                              ("corpus_checks", ['{"program": "zoo.rand", "kernels": 3}']),  # another name
                               ("mutation", ['{"caught": true, "workload": "a", "variant": "drop_residual"}'])):
         path = tmp_path / experiment / "nvidia-h200" / "records.jsonl"
         path.parent.mkdir(parents=True)
