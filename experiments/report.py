@@ -67,12 +67,14 @@ def write_replay_overhead(replays: Path, out: Path) -> Path:
     """paper_figures/replay_overhead.md from scripts/replay_overhead.py's JSON lines: host time per call
     of each way to run a model, and its excess over a bare CUDAGraph.replay() of the same work, one row
     per model and run (the host's speed moves between runs: each run compares its ways interleaved), timed
-    back to back (the host's cost per call) or each call synchronized (the latency a caller waits)."""
+    back to back (the host's cost per call) or each call synchronized (the latency a caller waits); and
+    grace's time over each other way's with its interval, which tells whether all-on is slower than one
+    option alone beyond the rounds' noise."""
     rows = json_lines(replays)
 
-    def table(field: str) -> pd.DataFrame:
+    def table(cells) -> pd.DataFrame:
         return pd.DataFrame({(f"{r['model']} ({r['size']})", "synchronized" if r.get("synchronized") else "back to back",
-                              r["env"]["date"][:16].replace("T", " "), r["env"]["git_commit"][:7]): r[field]
+                              r["env"]["date"][:16].replace("T", " "), r["env"]["git_commit"][:7]): cells(r)
                              for r in rows}).T.rename_axis(["workload", "timing", "run (UTC)", "commit"]).sort_index()
 
     env = rows[-1]["env"]
@@ -87,9 +89,26 @@ def write_replay_overhead(replays: Path, out: Path) -> Path:
         "(grace) or one (cgct, pi, scg), stock graph trees (pt2_cg), Inductor, Dynamo's own cost around one "
         "replay of the bare graph (dynamo: a backend that does nothing else, the least any backend reaches), "
         "an empty synchronize (sync).\n\n"
-        + _markdown(table("median_us_per_call"), ".1f") + "\n\nExcess over the bare replay (us per call):\n\n"
-        + _markdown(table("over_bare_us").drop(columns="bare"), ".1f") + "\n")
+        + _markdown(table(lambda r: r["median_us_per_call"]), ".1f") + "\n\nExcess over the bare replay (us per call):\n\n"
+        + _markdown(table(lambda r: r["over_bare_us"]).drop(columns="bare"), ".1f")
+        + "\n\ngrace's time per call over each other way's, with its 95 % interval (a paired bootstrap over the "
+        "rounds, each way timed once a round); **bold** where it excludes 1, grace slower above 1, faster below:\n\n"
+        + _markdown(table(lambda r: _against(r.get("us_per_call_by_round", {}))).dropna(how="all"), "") + "\n")
     return path
+
+
+def _against(by_round: Mapping[str, Sequence[float]], way: str = "grace") -> dict[str, str]:
+    """`way`'s time over each other way's, from their rounds: the ratio of medians and its interval."""
+    if way not in by_round:
+        return {}
+    cells = {}
+    for other, rounds in by_round.items():
+        if other in (way, "sync"):
+            continue
+        ratio, (low, high) = stats.speedup_interval([[t] for t in by_round[way]], [[t] for t in rounds])
+        cell = f"{ratio:.2f} [{low:.2f}, {high:.2f}]"
+        cells[other] = f"**{cell}**" if stats.verdict([low, high]) != "within noise" else cell
+    return cells
 
 
 def _values(df: pd.DataFrame, column: str) -> str:

@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import math
 import random
 import re
@@ -450,3 +451,23 @@ def test_the_results_say_how_many_records_the_code_checked_out_made():
     assert report.code_note(records, "abc").endswith("hashes to abc; 1 of the 8 ok records were made with it.")
     assert "0 of the 8 ok records" in report.code_note(records, "def")
     assert "hashes to" in report.summary(_as_paper(RECORDS))
+
+
+def test_replay_overhead_gives_grace_against_each_way_with_its_interval(tmp_path):
+    env = {"date": "2026-12-03T13:49:00", "git_commit": "b11f74b0", "gpu": "G", "driver": "1", "torch": "t", "triton": "3"}
+    rounds = {"bare": [3.0, 3.1, 2.9, 3.0, 3.2, 3.0, 2.9], "grace": [26.0, 25.5, 27.0, 26.2, 25.8, 26.4, 26.1],
+              "pi": [22.0, 21.5, 22.8, 21.9, 22.3, 22.1, 21.7],  # grace slower in every round: beyond noise
+              "scg": [26.5, 25.0, 27.5, 25.9, 26.6, 25.7, 26.3], "sync": [8.0] * 7}  # scg: within noise
+    rows = [{"model": "pointwise", "size": "full", "synchronized": True, "env": env, "us_per_call_by_round": rounds,
+             "median_us_per_call": {k: sorted(v)[3] for k, v in rounds.items()},
+             "over_bare_us": {k: sorted(v)[3] - 3.0 for k, v in rounds.items()}},
+            {"model": "mlp", "size": "full", "synchronized": False, "env": env,  # no grace: no row of its own
+             "us_per_call_by_round": {"bare": [1.0] * 7}, "median_us_per_call": {"bare": 1.0}, "over_bare_us": {"bare": 0.0}}]
+    replays = tmp_path / "replay.jsonl"
+    replays.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = report.write_replay_overhead(replays, tmp_path).read_text()
+    against = text.split("grace slower above 1, faster below:")[1]
+    (row,) = [line for line in against.splitlines() if line.startswith("| pointwise")]
+    cells = dict(zip(["bare", "pi", "scg"], [c.strip() for c in row.split("|")[5:8]]))
+    assert cells["pi"].startswith("**1.19 [") and cells["bare"].startswith("**8.")
+    assert not cells["scg"].startswith("**") and "mlp" not in against and "sync" not in against.splitlines()[2]
