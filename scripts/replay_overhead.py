@@ -1,23 +1,24 @@
 """Host cost of one call of a CUDA-graphed model: GraCE's runtime and stock graph trees against a bare
 torch.cuda.CUDAGraph.replay() of the same compiled work (issue: the runtime's replay path).
 
-    python scripts/replay_overhead.py [--out results/replay_overhead] [--calls 300] [--rounds 7] [--synchronize]
+    python scripts/replay_overhead.py [--out results/replay_overhead] [--calls 300] [--rounds 15] [--synchronize]
 
-Per model, these ways to run one forward are timed interleaved, round by round: `bare` replays one
-CUDA graph captured around the Inductor-compiled model (no input copy, no checks: the floor),
-`partition` is GraCE's replay path around that same work (its checks and bookkeeping, nothing else),
-`runtime` is backend="grace" with no optimization on (Dynamo's guards and wrappers, and the input
-copy, included), `grace` with all three on, `cgct`, `pi` and `scg` with one on, `pt2_cg` is
+Per model, these ways to run one forward are timed interleaved, round by round: `bare` replays one CUDA
+graph captured around the Inductor-compiled model (no input copy, no checks: the floor), `partition` is
+GraCE's replay path around that same work (its checks and bookkeeping, nothing else), `runtime` is
+backend="grace" with no optimization on (Dynamo's guards and wrappers, and the input copy, included),
+`grace` with all three on and `grace_aa` the same compiled again (the A/A control: two instances of one
+way differ by this much without any option differing), `cgct`, `pi` and `scg` with one on, `pt2_cg` is
 mode="reduce-overhead", `inductor` is Inductor without graphs; `dynamo` is torch.compile with a backend
 that does the least any backend can (its compiled function replays `bare`'s graph and returns that
 graph's outputs: Dynamo's own cost per call over one replay, out of a backend's reach; models called on
-one input set only); with --synchronize, `sync` is an empty synchronize. Each round times `calls` back-to-back calls and one synchronization, so the host's cost per
-call is what shows when it exceeds the GPU's; with --synchronize, each call is synchronized and a round's
-value is the median of `calls` such calls: the latency a caller waits. The models: the suite's MLP,
-ResNet-18 and EOS chain (the same input tensor each call), `pointwise` (six elementwise ops on 4096
-elements, fused into one kernel) and `vit_tiny` (timm's ViT-Tiny at batch 1, a new input tensor each
-call, as a user's loop feeds it). Writes one JSON record per model (median per call over rounds, every
-round's value, environment).
+one input set only); with --synchronize, `sync` is an empty synchronize. Each round times `calls`
+back-to-back calls and one synchronization, so the host's cost per call is what shows when it exceeds
+the GPU's; with --synchronize, each call is synchronized and a round's value is the median of `calls`
+such calls: the latency a caller waits. The models: the suite's MLP, ResNet-18 and EOS chain (the same
+input tensor each call), `pointwise` (six elementwise ops on 4096 elements, fused into one kernel) and
+`vit_tiny` (timm's ViT-Tiny at batch 1, a new input tensor each call, as a user's loop feeds it). Writes
+one JSON record per model (median per call over rounds, every round's value, environment).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from experiments import environment, workloads  # noqa: E402
 from experiments.task import Task  # noqa: E402
 
 MODELS = [("mlp", "full"), ("resnet18", "full"), ("eos_chain", "tiny"), ("pointwise", "full"), ("vit_tiny", "full")]
-OPTIONS = {"runtime": {"cgct": False, "pi": False, "scg": False}, "grace": {},
+OPTIONS = {"runtime": {"cgct": False, "pi": False, "scg": False}, "grace": {}, "grace_aa": {},
            "cgct": {"cgct": True, "pi": False, "scg": False}, "pi": {"cgct": False, "pi": True, "scg": False},
            "scg": {"cgct": False, "pi": False, "scg": True}}
 NEW_INPUTS = 8  # vit_tiny cycles through this many input tensors: each call's is another
@@ -191,7 +192,7 @@ def append_records(out: str, name: str, records: list[dict], key: str) -> Path:
 
 
 def main() -> None:
-    args = bench_args(__doc__, "replay_overhead", calls=300, rounds=7,
+    args = bench_args(__doc__, "replay_overhead", calls=300, rounds=15,
                       **{"--synchronize": {"action": "store_true", "help": "time each call synchronized (latency)"},
                          "--models": {"nargs": "*", "help": "of those this script knows (default: all)"}})
     models = [(n, s) for n, s in MODELS if not args.models or n in args.models]
