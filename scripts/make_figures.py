@@ -45,6 +45,8 @@ def main(argv=None) -> int:
     print(report.write_shortfall(single, args.out))
     for replays in sorted(args.results.glob(f"replay_overhead/{args.device}/replay.jsonl")):
         print(report.write_replay_overhead(replays, args.out))
+    for launches in sorted(args.results.glob(f"pi_launch/{args.device}/launch.jsonl")):
+        print(report.write_pi_launch(launches, args.out))
     for sizes in sorted(args.results.glob(f"pi_microbench/{args.device}/sizes.jsonl")):
         print(figures.pi_microbench_figure(sizes, args.out))
     left_out = report.revised(every, revised)

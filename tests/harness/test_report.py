@@ -471,3 +471,25 @@ def test_replay_overhead_gives_grace_against_each_way_with_its_interval(tmp_path
     cells = dict(zip(["bare", "pi", "scg"], [c.strip() for c in row.split("|")[5:8]]))
     assert cells["pi"].startswith("**1.19 [") and cells["bare"].startswith("**8.")
     assert not cells["scg"].startswith("**") and "mlp" not in against and "sync" not in against.splitlines()[2]
+
+
+def test_pi_launch_gives_the_cost_a_patched_node_against_the_goal(tmp_path):
+    env = {"date": "2026-12-07T10:00:00", "git_commit": "9e32a20e", "gpu": "G", "driver": "1", "torch": "t"}
+
+    def graph(nodes, reads, per_node):  # every way's time: the bare graph's plus per_node a re-pointed node
+        bare = [10.0 + nodes + i for i in range(3)]  # rounds that drift: the slope is taken within each
+        by_round = {"bare": bare, "moving": [b + per_node * nodes + 0.5 for b in bare],
+                    "raw": [b + 0.9 * nodes for b in bare], "copy": [b + 7 for b in bare]}
+        return {"kernels": nodes, "reads": reads, "patched_nodes": nodes if reads == "every" else 1, "rounds": 3,
+                "env": env, "sync_us_by_round": by_round,
+                "median_us_per_call": {w: sorted(v)[1] for w, v in by_round.items()}}
+    launches = tmp_path / "launch.jsonl"
+    rows = [graph(16, "first", 1.2), graph(16, "every", 1.2), graph(256, "every", 1.2)]
+    launches.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = report.write_pi_launch(launches, tmp_path).read_text()
+    assert "| moving: PI (grace.pi.Indirection) | 1.20 | 1.20-1.20 | yes |" in text
+    assert "| raw: the driver's call alone (ctypes) | 0.90 | 0.90-0.90 |  |" in text
+    launches.write_text("".join(json.dumps(graph(n, "every", 2.5)) + "\n" for n in (16, 64)))
+    assert "| 2.50 | 2.50-2.50 | no |" in report.write_pi_launch(launches, tmp_path).read_text()
+    launches.write_text(json.dumps(graph(16, "first", 1.0)) + "\n")  # no every graphs: the times alone
+    assert "patched node (median" not in report.write_pi_launch(launches, tmp_path).read_text()
