@@ -250,11 +250,50 @@ def within_best_stock(records: Sequence[Record], stock: str = "pt2_cg", ours: st
         session = used.loc[(used["label"] == w) & (used["variant"] == ours), "session"].iloc[0]
         a, b = by_session.get((w, ours, session)), by_session.get((w, best, session))
         if a is not None and b is not None and len(a.iter_ms) == len(b.iter_ms) > 1:
-            r_, (low, high) = stats.speedup_interval(a.iter_ms, b.iter_ms, processes=(a.processes, b.processes))
-            low, high = (float(x) for x in widen(r_, low, high, unresampled(tau, a.processes)))
+            _, low, high = _time_interval(a, b, tau)
             rows[w].update({"low": low, "high": high,
                             "verdict": _time_verdict(low, high)})
     return pd.DataFrame(rows).T.rename_axis("workload")
+
+
+def _time_interval(a: Record, b: Record, tau: float) -> tuple[float, float, float]:
+    """a's time over b's, of one session: the ratio of medians and its 95 % interval (a paired bootstrap
+    over the rounds, widened by the workers' noise `tau`)."""
+    ratio, (low, high) = stats.speedup_interval(a.iter_ms, b.iter_ms, processes=(a.processes, b.processes))
+    low, high = widen(ratio, low, high, unresampled(tau, a.processes))
+    return float(ratio), float(low), float(high)
+
+
+SINGLE_OPTIONS = ("cgct", "pi", "scg")  # GraCE with one optimization on
+
+
+def against_single_options(records: Sequence[Record], ours: str = "grace") -> tuple[pd.DataFrame, str]:
+    """Per workload whose session ran `ours` and every single option: ours's time over each option's, with
+    its interval (as within_best_stock's), **bold** where ours is slower beyond noise; and a line that
+    counts those (issue 31: all-on must not be slower than any one option alone)."""
+    records = [r for r in records if r.status == "ok"]
+    tau = worker_noise(frame(records))[0]
+    chosen = one_session(records, [ours, *SINGLE_OPTIONS])
+    by_workload: dict[str, dict[str, Record]] = {}
+    for r in chosen.values():
+        by_workload.setdefault(label(*r.key.entry), {})[r.variant] = r
+    cells: dict[str, dict[str, str]] = {}
+    slower: list[str] = []
+    for w, got in sorted(by_workload.items()):
+        a = got[ours]
+        for option in SINGLE_OPTIONS:
+            b = got[option]
+            if len(a.iter_ms) != len(b.iter_ms) or len(a.iter_ms) < 2:
+                continue
+            ratio, low, high = _time_interval(a, b, tau)
+            cell = f"{ratio:.3f} [{low:.3f}, {high:.3f}]"
+            if _time_verdict(low, high) == "slower":
+                cell = f"**{cell}**"
+                slower.append(f"{w} ({option})")
+            cells.setdefault(w, {})[option] = cell
+    line = (f"{ours} is slower than one option alone beyond noise on {len({s.split(' (')[0] for s in slower})} of "
+            f"{len(cells)} workloads" + (f": {', '.join(slower)}." if slower else "."))
+    return pd.DataFrame(cells).T.reindex(columns=list(SINGLE_OPTIONS)).rename_axis("workload"), line
 
 
 def caveats(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "grace")) -> pd.DataFrame:
@@ -385,6 +424,8 @@ def summary(records: Sequence[Record], variants: Sequence[str] = ("pt2_cg", "gra
              ("Over the paper's workloads", _markdown(g := geomeans(records, variants), ".3g") + _against_paper(g)),
              (f"{variants[-1]} against the faster of {BASELINE} and {variants[0]}",
               _markdown(within_best_stock(records, variants[0], variants[-1]), ".3g")),
+             (f"{variants[-1]} against each optimization alone (time ratio, 95 % interval as above)",
+              _markdown(*(opts := against_single_options(records, variants[-1]))[:1], "") + "\n\n" + opts[1]),
              ("SCG's decisions", scg_decisions(records).to_markdown(index=False)),
              (f"Where {variants[-1]}'s time goes beyond the GPU's (workloads over 1.2x their GPU time; host "
               "parts in us per iteration, under cProfile, which inflates each)",

@@ -493,3 +493,23 @@ def test_pi_launch_gives_the_cost_a_patched_node_against_the_goal(tmp_path):
     assert "| 2.50 | 2.50-2.50 | no |" in report.write_pi_launch(launches, tmp_path).read_text()
     launches.write_text(json.dumps(graph(16, "first", 1.0)) + "\n")  # no every graphs: the times alone
     assert "patched node (median" not in report.write_pi_launch(launches, tmp_path).read_text()
+
+
+def test_grace_against_each_optimization_alone_is_judged_on_its_sessions_rounds():
+    jitter = random.Random(2)
+
+    def timed(workload, variant, ms, spread=0.01):
+        r = rec(workload, variant, ms)
+        r.iter_ms = [[ms * (1 + spread * (2 * jitter.random() - 1)) for _ in range(5)] for _ in range(12)]
+        return r
+
+    # d: all-on 20 % slower than PI alone, faster than CGCT alone; e: all within noise; f: no scg, no row
+    records = ([timed("d", v, ms) for v, ms in (("inductor", 2.0), ("grace", 1.2), ("cgct", 1.5), ("pi", 1.0),
+                                                  ("scg", 1.2))]
+               + [timed("e", v, 1.0, 0.3) for v in ("inductor", "grace", "cgct", "pi", "scg")]
+               + [timed("f", v, 1.0) for v in ("inductor", "grace", "cgct", "pi")])
+    table, line = report.against_single_options(records)
+    assert list(table.index) == ["d eval b1", "e eval b1"] and list(table.columns) == ["cgct", "pi", "scg"]
+    assert table.loc["d eval b1", "pi"].startswith("**1.2") and not table.loc["d eval b1", "cgct"].startswith("**")
+    assert not any(c.startswith("**") for c in table.loc["e eval b1"])
+    assert line == "grace is slower than one option alone beyond noise on 1 of 2 workloads: d eval b1 (pi)."
