@@ -278,7 +278,7 @@ def against_single_options(records: Sequence[Record], ours: str = "grace") -> tu
     for r in chosen.values():
         by_workload.setdefault(label(*r.key.entry), {})[r.variant] = r
     cells: dict[str, dict[str, str]] = {}
-    slower: list[str] = []
+    slower: dict[str, list[str]] = {}  # per workload, the options it is slower than
     for w, got in sorted(by_workload.items()):
         a = got[ours]
         for option in SINGLE_OPTIONS:
@@ -289,10 +289,11 @@ def against_single_options(records: Sequence[Record], ours: str = "grace") -> tu
             cell = f"{ratio:.3f} [{low:.3f}, {high:.3f}]"
             if _time_verdict(low, high) == "slower":
                 cell = f"**{cell}**"
-                slower.append(f"{w} ({option})")
+                slower.setdefault(w, []).append(option)
             cells.setdefault(w, {})[option] = cell
-    line = (f"{ours} is slower than one option alone beyond noise on {len({s.split(' (')[0] for s in slower})} of "
-            f"{len(cells)} workloads" + (f": {', '.join(slower)}." if slower else "."))
+    named = ", ".join(f"{w} ({', '.join(options)})" for w, options in slower.items())
+    line = (f"{ours} is slower than one option alone beyond noise on {len(slower)} of {len(cells)} workloads"
+            + (f": {named}." if slower else "."))
     return pd.DataFrame(cells).T.reindex(columns=list(SINGLE_OPTIONS)).rename_axis("workload"), line
 
 

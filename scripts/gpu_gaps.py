@@ -4,9 +4,10 @@ device activity, the device's busy time, the idle gaps between activities, and f
 Python functions that ran wholly inside them (what the GPU waited for); when on the host's clock each
 CUDA graph was launched, when its first kernel began on the GPU and how long its launch call took; how
 long after its launch call the first device activity began; how many kernel nodes PI re-pointed in each
-step, and in the set-up and warm-up steps, with each captured graph's nodes by kind; and where the host's time before the first device activity went, function by function (the time
-each spent there outside the functions it called). Then, without the profiler (CUPTI can slow a graph's
-launch), each step's time and the host time of each graph's replay() call.
+step, and in the set-up and warm-up steps, with each captured graph's nodes by kind; and where the
+host's time before the first device activity went, function by function (the time each spent there
+outside the functions it called). Then, without the profiler (CUPTI can slow a graph's launch), each
+step's time and the host time of each graph's replay() call.
 
     python scripts/gpu_gaps.py MTCG-T pt2_cg grace [--iters 5] > results/gaps/<device>/MTCG-T.md
 
