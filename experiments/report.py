@@ -98,6 +98,20 @@ def write_replay_overhead(replays: Path, out: Path) -> Path:
     return path
 
 
+def _against(by_round: Mapping[str, Sequence[float]], way: str = "grace") -> dict[str, str]:
+    """`way`'s time over each other way's, from their rounds: the ratio of medians and its interval."""
+    if way not in by_round:
+        return {}
+    cells = {}
+    for other, rounds in by_round.items():
+        if other in (way, "sync"):
+            continue
+        ratio, (low, high) = stats.speedup_interval([[t] for t in by_round[way]], [[t] for t in rounds])
+        cell = f"{ratio:.2f} [{low:.2f}, {high:.2f}]"
+        cells[other] = f"**{cell}**" if stats.verdict([low, high]) != "within noise" else cell
+    return cells
+
+
 PI_NODE_GOAL_US = 2.0  # issue 31: PI's re-pointing, per patched node per call
 
 
@@ -135,20 +149,6 @@ def write_pi_launch(launches: Path, out: Path) -> Path:
     path = out / "pi_launch.md"
     path.write_text(text)
     return path
-
-
-def _against(by_round: Mapping[str, Sequence[float]], way: str = "grace") -> dict[str, str]:
-    """`way`'s time over each other way's, from their rounds: the ratio of medians and its interval."""
-    if way not in by_round:
-        return {}
-    cells = {}
-    for other, rounds in by_round.items():
-        if other in (way, "sync"):
-            continue
-        ratio, (low, high) = stats.speedup_interval([[t] for t in by_round[way]], [[t] for t in rounds])
-        cell = f"{ratio:.2f} [{low:.2f}, {high:.2f}]"
-        cells[other] = f"**{cell}**" if stats.verdict([low, high]) != "within noise" else cell
-    return cells
 
 
 def _values(df: pd.DataFrame, column: str) -> str:
