@@ -34,6 +34,7 @@ class Choice(enum.StrEnum):
 CLEAR = 0.3  # predicted relative margin beyond which no timing is done
 ROUNDS = 3  # timings of each candidate, in turn; the fastest counts
 TIE = 0.05  # a candidate within this of a round's fastest is as fast in that round
+MARGIN = 0.01  # within TIE, a candidate slower than another in every round by more than this is told apart
 CANDIDATES = tuple(Choice)
 
 
@@ -77,7 +78,8 @@ class Decision:
     @property
     def tied(self) -> bool:
         """Whether the timing could not tell the fastest candidates apart (the model then chose)."""
-        return self.rounds_us is not None and len(most_wins(self.rounds_us)) > 1
+        return self.rounds_us is not None and len(
+            contenders(self.rounds_us, self.predicted_us, host_us(self.costs) if self.costs else {})) > 1
 
     @property
     def agreed(self) -> bool | None:
@@ -183,13 +185,29 @@ def most_wins(rounds: dict[str, list[float]]) -> list[str]:
     return [name for name in rounds if wins[name] == max(wins.values())]
 
 
-def choose(rounds: dict[str, list[float]], predicted: dict[str, float], host: dict[str, float]) -> str:
-    """The candidate fastest in the most rounds; among those tied, the model's favourites (within TIE of
-    the best prediction), and of those the one that leaves the host the most time (host_us), then the
-    one with the fastest round. Timed back to back, a partition that keeps the GPU busy ties whatever
-    the host does, and the model favours no graph by a sliver (no copies); in a host-bound program the
-    host's time is what the graph saves."""
+def beats(a: str, b: str, rounds: dict[str, list[float]], predicted: dict[str, float],
+          host: dict[str, float]) -> bool:
+    """Whether the timing tells `a` faster than `b` although they tie within TIE: `a`'s slowest round
+    beats `b`'s fastest by more than MARGIN, the model predicts `a` faster too, and the time `a` saves
+    exceeds the host work it adds (in a host-bound program the host's time is what counts)."""
+    saved = min(rounds[b]) - max(rounds[a])
+    return (saved > MARGIN * min(rounds[b]) and predicted.get(a, math.inf) < predicted.get(b, math.inf)
+            and saved > host.get(a, math.inf) - host.get(b, 0.0))
+
+
+def contenders(rounds: dict[str, list[float]], predicted: dict[str, float], host: dict[str, float]) -> list[str]:
+    """The candidates fastest in the most rounds that no other of them beats (more than one: a tie)."""
     tied = most_wins(rounds)
+    return [b for b in tied if not any(beats(a, b, rounds, predicted, host) for a in tied if a != b)]
+
+
+def choose(rounds: dict[str, list[float]], predicted: dict[str, float], host: dict[str, float]) -> str:
+    """The candidate fastest in the most rounds (contenders); among those tied, the model's favourites
+    (within TIE of the best prediction), and of those the one that leaves the host the most time
+    (host_us), then the one with the fastest round. Timed back to back, a partition that keeps the GPU
+    busy ties whatever the host does, and the model favours no graph by a sliver (no copies); in a
+    host-bound program the host's time is what the graph saves."""
+    tied = contenders(rounds, predicted, host)
     best = min((predicted[name] for name in tied if name in predicted), default=math.inf)
     near = [name for name in tied if predicted.get(name, math.inf) <= (1 + TIE) * best] or tied
     return min(near, key=lambda name: (host.get(name, math.inf), predicted.get(name, math.inf), min(rounds[name])))
