@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 
 from experiments import stats
@@ -70,3 +71,24 @@ def test_a_speedup_from_several_processes_a_side_covers_their_own_speeds():
     assert not rounds_only[0] <= 1 <= rounds_only[1]
     assert with_processes[0] <= 1 <= with_processes[1]
     assert stats.speedup_interval(baseline, twin, processes=(1, 1)) == stats.speedup_interval(baseline, twin)
+    with pytest.raises(ValueError, match="both one, or both several"):
+        stats.speedup_interval(baseline, twin, processes=(1, 2))
+
+
+@pytest.mark.parametrize("process_sd, iteration_sd", [(0.02, 0.03), (0.005, 0.05)])
+def test_an_interval_over_several_processes_is_as_wide_as_the_ratio_varies(process_sd, iteration_sd):
+    """Eight processes a side, each of a speed of its own, 40 rounds: the interval's half-width is about
+    1.96 sd of the ratio across sessions. Resampling the rounds within the processes as well counts
+    their noise twice, and came out 1.39 times too wide where the iterations are the noisier."""
+    rng = np.random.default_rng(1)
+
+    def session():  # 40 rounds x (8 processes x 5 iterations)
+        levels = np.exp(rng.normal(0, process_sd, 8))
+        return (levels[None, :, None] * np.exp(rng.normal(0, iteration_sd, (40, 8, 5)))).reshape(40, -1)
+
+    sd = np.std([np.log(np.median(session()) / np.median(session())) for _ in range(400)])
+    widths = []
+    for _ in range(8):
+        _, (lo, hi) = stats.speedup_interval(session(), session(), processes=(8, 8))
+        widths.append((np.log(hi) - np.log(lo)) / 2)
+    assert 0.75 < np.mean(widths) / (1.96 * sd) < 1.25
