@@ -4,7 +4,7 @@ device activity, the device's busy time, the idle gaps between activities, and f
 Python functions that ran wholly inside them (what the GPU waited for); when on the host's clock each
 CUDA graph was launched, when its first kernel began on the GPU and how long its launch call took; how
 long after its launch call the first device activity began; how many kernel nodes PI re-pointed in each
-step, and in the set-up and warm-up steps, with each captured graph's nodes by kind; and where the
+step, and in the set-up and warm-up steps, in which graph, with each captured graph's nodes by kind; and where the
 host's time before the first device activity went, function by function (the time each spent there
 outside the functions it called). Then, without the profiler (CUPTI can slow a graph's launch), each
 step's time and the host time of each graph's replay() call.
@@ -177,22 +177,31 @@ def traced(task: Task, fn, iters: int, stack: bool, repointed: list[int]) -> lis
 @contextlib.contextmanager
 def counting():
     """The kernel nodes PI re-points, counted into the list's last entry (a re-pointed node may cost its
-    graph's later launches), and the nodes of each graph captured, by kind."""
+    graph's later launches); the nodes of each graph captured, by kind; and the nodes PI re-pointed in
+    each captured graph, all told."""
     repointed: list[int] = [0]
     captured: list[dict[str, int] | None] = []
+    per_graph: list[int] = []
+    index: dict[int, int] = {}  # a captured graph's executable (its driver handle) -> its place in captured
     point, capture = pi.Indirection.point, recording.capture
 
     def counted(self, ptrs):
         updated = point(self, ptrs)
         repointed[-1] += updated
+        graph = index.get(int(self.exec)) if hasattr(self, "exec") else None
+        if graph is not None:
+            per_graph[graph] += updated
         return updated
 
     def census(*args, **kwargs):
         got = capture(*args, **kwargs)
+        if got.graph is not None:
+            index[got.graph.raw_cuda_graph_exec()] = len(captured)
         captured.append(got.nodes)
+        per_graph.append(0)
         return got
     with mock.patch.object(pi.Indirection, "point", counted), mock.patch.object(recording, "capture", census):
-        yield repointed, captured
+        yield repointed, captured, per_graph
 
 
 def unprofiled(task: Task, fn, iters: int) -> tuple[list[float], list[list[float]]]:
@@ -217,13 +226,14 @@ def unprofiled(task: Task, fn, iters: int) -> tuple[list[float], list[list[float
     return steps, calls
 
 
-def report_setup(repointed: int, captured: list[dict[str, int] | None]) -> str:
+def report_setup(repointed: int, captured: list[dict[str, int] | None], per_graph: list[int]) -> str:
     """What the set-up and warm-up steps left: the graphs captured, their nodes, and how many kernel nodes
-    PI re-pointed (a node set once, then never again, may still cost every later launch)."""
+    PI re-pointed, in which graph (a node set once, then never again, may still cost every later launch)."""
     kinds = "; ".join(", ".join(f"{k} {n}" for k, n in nodes.items() if n) if nodes else "not read"
                       for nodes in captured)
+    where = ", ".join(f"graph {i + 1}: {n}" for i, n in enumerate(per_graph) if n)
     return (f"Set-up and {WARMUP} warm-up steps: {len(captured)} CUDA graphs captured ({kinds or 'none'});"
-            f" PI re-pointed {repointed} kernel nodes.\n")
+            f" PI re-pointed {repointed} kernel nodes" + (f" ({where})" if where else "") + ".\n")
 
 
 def report_unprofiled(steps: list[float], calls: list[list[float]]) -> str:
@@ -291,11 +301,11 @@ def main(argv=None) -> int:
     print(f"# {args.workload}: {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
     for variant in args.variants:
         grace.reset()  # Dynamo's caches, and the CUDA graphs of the variant before
-        with counting() as (repointed, captured):
+        with counting() as (repointed, captured, per_graph):
             task, fn = build(args.workload, variant)
             for _ in range(WARMUP):
                 task.step(fn)
-            setup = report_setup(repointed.pop(), captured)
+            setup = report_setup(repointed.pop(), captured, list(per_graph))
             plain = traced(task, fn, args.iters, False, repointed)
             steps = list(repointed)
             stacked = traced(task, fn, 1, True, repointed)

@@ -88,7 +88,7 @@ def test_the_kernel_nodes_pi_re_points_are_counted_per_step(monkeypatch):
             for ptrs in ([{0: 1, 1: 2}, {0: 3}] if self.steps == 0 else [{}]):
                 gpu_gaps.pi.Indirection.point(object(), ptrs)
             self.steps += 1
-    with gpu_gaps.counting() as (repointed, _):
+    with gpu_gaps.counting() as (repointed, _, _):
         gpu_gaps.pi.Indirection.point(object(), {0: 1, 1: 1, 2: 1, 3: 1})  # at set-up
         assert repointed == [4]
         repointed.pop()
@@ -101,15 +101,40 @@ def test_the_kernel_nodes_pi_re_points_are_counted_per_step(monkeypatch):
 def test_the_graphs_captured_are_counted_by_their_nodes(monkeypatch):
     captured = gpu_gaps.recording.Captured(None, [], {"kernel": 5, "memcpy": 1, "memset": 0, "other": 0}, None)
     monkeypatch.setattr(gpu_gaps.recording, "capture", lambda fn, args: captured)
-    with gpu_gaps.counting() as (repointed, nodes):
+    with gpu_gaps.counting() as (repointed, nodes, _):
         assert gpu_gaps.recording.capture(None, []) is captured
         gpu_gaps.recording.capture(None, []).nodes = None  # nodes the driver could not read
         gpu_gaps.recording.capture(None, [])
     assert gpu_gaps.recording.capture(None, []) is captured and len(nodes) == 3  # unwrapped again
-    assert gpu_gaps.report_setup(7, nodes[:1] + [None]) == (
+    assert gpu_gaps.report_setup(7, nodes[:1] + [None], [0, 7]) == (
         f"Set-up and {gpu_gaps.WARMUP} warm-up steps: 2 CUDA graphs captured (kernel 5, memcpy 1; not read);"
-        " PI re-pointed 7 kernel nodes.\n")
-    assert "0 CUDA graphs captured (none)" in gpu_gaps.report_setup(0, [])
+        " PI re-pointed 7 kernel nodes (graph 2: 7).\n")
+    assert "0 CUDA graphs captured (none); PI re-pointed 0 kernel nodes.\n" in gpu_gaps.report_setup(0, [], [])
+
+
+def test_the_nodes_pi_re_points_are_counted_per_graph(monkeypatch):
+    """Re-pointed nodes are told to the graph whose executable they are in, by its driver handle."""
+    class Graph:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def raw_cuda_graph_exec(self):
+            return self.handle
+
+    class Indirection:  # as grace.pi.Indirection holds its graph's executable
+        def __init__(self, handle):
+            self.exec = handle
+
+    graphs = iter([Graph(0xA0), Graph(0xB0)])
+    monkeypatch.setattr(gpu_gaps.recording, "capture",
+                        lambda fn, args: gpu_gaps.recording.Captured(None, [], {"kernel": 3}, next(graphs)))
+    monkeypatch.setattr(gpu_gaps.pi.Indirection, "point", lambda self, ptrs: len(ptrs))
+    with gpu_gaps.counting() as (repointed, _, per_graph):
+        gpu_gaps.recording.capture(None, []), gpu_gaps.recording.capture(None, [])
+        gpu_gaps.pi.Indirection.point(Indirection(0xB0), {0: 1, 1: 2})
+        gpu_gaps.pi.Indirection.point(Indirection(0xA0), {0: 1})
+        gpu_gaps.pi.Indirection.point(Indirection(0xB0), {0: 3})
+    assert repointed == [4] and per_graph == [1, 3]
 
 
 def test_each_graph_replay_is_timed_without_the_profiler(monkeypatch):
