@@ -137,3 +137,8 @@ def exec_handle(raw_exec: int):
 
 def set_kernel_params(graph_exec, node, params) -> None:
     _check(driver.cuGraphExecKernelNodeSetParams(graph_exec, node, params))
+
+
+def upload(graph_exec, stream: int) -> None:
+    """Upload an instantiated graph as it is now, ahead of its next launch on `stream` (a raw cudaStream_t)."""
+    _check(driver.cuGraphUpload(graph_exec, driver.CUstream(stream)))

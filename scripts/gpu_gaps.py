@@ -7,9 +7,10 @@ long after its launch call the first device activity began; how many kernel node
 step, and in the set-up and warm-up steps, in which graph, with each captured graph's nodes by kind; and where the
 host's time before the first device activity went, function by function (the time each spent there
 outside the functions it called). Then, without the profiler (CUPTI can slow a graph's launch), each
-step's time and the host time of each graph's replay() call.
+step's time and the host time of each graph's replay() call; with --touch, again after one kernel node
+of each graph is set to its own parameters, and after an upload of each.
 
-    python scripts/gpu_gaps.py MTCG-T pt2_cg grace [--iters 5] > results/gaps/<device>/MTCG-T.md
+    python scripts/gpu_gaps.py MTCG-T pt2_cg grace [--iters 5] [--touch] > results/gaps/<device>/MTCG-T.md
 
 Why: a variant can be slower at the same GPU time (MTCG-T, docs/losses.md); the records' cProfile says
 how much host time each part takes, not which of it the GPU waited on.
@@ -35,7 +36,7 @@ import grace  # noqa: E402
 from experiments import workloads  # noqa: E402
 from experiments.task import Task  # noqa: E402
 from experiments.variants import Variant  # noqa: E402
-from grace import pi, recording  # noqa: E402
+from grace import cuda_driver, pi, recording  # noqa: E402
 from grace.profile import DEVICE_CATEGORIES, GRAPH_LAUNCHES  # noqa: E402
 
 MARK = "gpu_gaps.iteration"
@@ -226,6 +227,43 @@ def unprofiled(task: Task, fn, iters: int) -> tuple[list[float], list[list[float
     return steps, calls
 
 
+def replayed(task: Task, fn) -> list[torch.cuda.CUDAGraph]:
+    """The CUDA graphs one step replays, in the order replayed."""
+    replay, graphs = torch.cuda.CUDAGraph.replay, []
+
+    def noted(self):
+        graphs.append(self)
+        replay(self)
+    with mock.patch.object(torch.cuda.CUDAGraph, "replay", noted):
+        task.step(fn)
+    return graphs
+
+
+def touch(graph: torch.cuda.CUDAGraph) -> None:
+    """Set the graph's first kernel node to the parameters it has: the driver call PI's re-pointing makes
+    (cuGraphExecKernelNodeSetParams), changing nothing."""
+    node = next(n for n, kind in cuda_driver.nodes(graph.raw_cuda_graph()) if kind == "kernel")
+    params, _ = cuda_driver.kernel_params(node)
+    cuda_driver.set_kernel_params(cuda_driver.exec_handle(graph.raw_cuda_graph_exec()), node, params)
+
+
+def touched(task: Task, fn) -> str:
+    """Whether one kernel node set once costs its graph's later launches (MTCG-T's first graph launches
+    longer with PI, which set its nodes once), and whether an upload after it takes that back: the step
+    and each replay() timed after one node of each graph is set to its own parameters, then after
+    cuGraphUpload of each."""
+    graphs = list(dict.fromkeys(replayed(task, fn)))
+    for g in graphs:
+        touch(g)
+    lines = ["After one kernel node of each graph was set to its own parameters: "
+             + report_unprofiled(*unprofiled(task, fn, UNPROFILED))]
+    for g in graphs:
+        cuda_driver.upload(cuda_driver.exec_handle(g.raw_cuda_graph_exec()), torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    lines.append("Then after cuGraphUpload of each: " + report_unprofiled(*unprofiled(task, fn, UNPROFILED)))
+    return "".join(lines)
+
+
 def report_setup(repointed: int, captured: list[dict[str, int] | None], per_graph: list[int]) -> str:
     """What the set-up and warm-up steps left: the graphs captured, their nodes, and how many kernel nodes
     PI re-pointed, in which graph (a node set once, then never again, may still cost every later launch)."""
@@ -294,6 +332,8 @@ def main(argv=None) -> int:
     p.add_argument("workload", help="a conf/workload name: MTCG-T")
     p.add_argument("variants", nargs="+", help="conf/variant names: pt2_cg grace")
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--touch", action="store_true", help="then set one node of each graph to its own parameters"
+                   " and time again, then after an upload")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: gpu_gaps needs a CUDA device", file=sys.stderr)
@@ -311,6 +351,8 @@ def main(argv=None) -> int:
             stacked = traced(task, fn, 1, True, repointed)
         print(report(variant, plain, stacked, steps) + "\n" + setup, flush=True)
         print(report_unprofiled(*unprofiled(task, fn, UNPROFILED)), flush=True)
+        if args.touch:
+            print(touched(task, fn), flush=True)
         del task, fn
         torch.cuda.empty_cache()
     return 0

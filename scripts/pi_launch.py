@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for experiments and grace
 
 from experiments import environment  # noqa: E402
-from grace.cuda_driver import driver  # noqa: E402
+from grace import cuda_driver  # noqa: E402
 from grace.pi import Indirection  # noqa: E402
 from replay_overhead import append_records, bench_args  # noqa: E402
 
@@ -121,10 +121,7 @@ class Pointed:
 
     def upload(self) -> None:
         """Upload the executable graph as it is now, ahead of its next launch."""
-        stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
-        (err,) = driver.cuGraphUpload(self.indirection.exec, stream)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuGraphUpload: {err}")
+        cuda_driver.upload(self.indirection.exec, torch.cuda.current_stream().cuda_stream)
         torch.cuda.synchronize()
 
 

@@ -727,3 +727,23 @@ def test_pi_learns_where_this_driver_keeps_a_tma_descriptors_address(monkeypatch
     assert codec.decode(bits) == address
     assert codec.encode(bits, moved) == cuda_driver.tensor_map_bits(address, moved)
 
+
+
+@torch.no_grad()
+def test_a_graph_re_pointed_and_then_uploaded_reads_where_it_was_pointed():
+    """cuda_driver.upload after PI's re-pointing (cuGraphExecKernelNodeSetParams): the next launch reads
+    the new input."""
+    from grace import cuda_driver, pi
+
+    x, other = torch.ones(16, device="cuda"), torch.full((16,), 3.0, device="cuda")
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        y = x * 2
+    graph.instantiate()
+    indirection = pi.Indirection(graph.raw_cuda_graph(), graph.raw_cuda_graph_exec(),
+                                 {0: (x.data_ptr(), x.untyped_storage().nbytes())})
+    assert indirection.point({0: other.data_ptr()}) == 1
+    cuda_driver.upload(indirection.exec, torch.cuda.current_stream().cuda_stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.full((16,), 6.0, device="cuda"))

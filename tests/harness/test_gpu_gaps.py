@@ -151,3 +151,37 @@ def test_each_graph_replay_is_timed_without_the_profiler(monkeypatch):
     shown = gpu_gaps.report_unprofiled(steps, calls)
     assert shown.startswith("Without the profiler, 3 steps: ") and shown.rsplit(": ", 1)[1].count(",") == 1
     assert "replay() calls" not in gpu_gaps.report_unprofiled([1.0, 1.0], [[5.0], []])  # not the same graphs
+
+
+def test_touch_sets_each_graph_once_then_uploads_and_times_both(monkeypatch):
+    """--touch: every graph a step replays gets one node set to its own parameters, then one upload,
+    with the step timed after each."""
+    calls = []
+
+    class Graph:
+        def raw_cuda_graph(self):
+            return id(self)
+
+        def raw_cuda_graph_exec(self):
+            return id(self) + 1
+
+    a, b = Graph(), Graph()
+    monkeypatch.setattr(gpu_gaps.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(gpu_gaps.torch.cuda, "current_stream", lambda: type("S", (), {"cuda_stream": 7})())
+    monkeypatch.setattr(gpu_gaps.torch.cuda.CUDAGraph, "replay", lambda self: None)
+    monkeypatch.setattr(gpu_gaps.cuda_driver, "nodes", lambda raw: [("memset", "memset"), (f"k{raw}", "kernel")])
+    monkeypatch.setattr(gpu_gaps.cuda_driver, "kernel_params", lambda node: (f"p{node}", []))
+    monkeypatch.setattr(gpu_gaps.cuda_driver, "exec_handle", lambda raw: raw)
+    monkeypatch.setattr(gpu_gaps.cuda_driver, "set_kernel_params", lambda e, n, p: calls.append(("set", e, n, p)))
+    monkeypatch.setattr(gpu_gaps.cuda_driver, "upload", lambda e, s: calls.append(("upload", e, s)))
+
+    class Task:
+        def step(self, fn):  # graph a twice a step, then b
+            for g in (a, a, b):
+                gpu_gaps.torch.cuda.CUDAGraph.replay(g)
+    text = gpu_gaps.touched(Task(), None)
+    assert calls == [("set", id(a) + 1, f"k{id(a)}", f"pk{id(a)}"), ("set", id(b) + 1, f"k{id(b)}", f"pk{id(b)}"),
+                     ("upload", id(a) + 1, 7), ("upload", id(b) + 1, 7)]
+    first, then = text.splitlines()
+    assert first.startswith("After one kernel node of each graph was set to its own parameters: Without")
+    assert then.startswith("Then after cuGraphUpload of each: Without the profiler, 20 steps")
