@@ -239,12 +239,17 @@ def replayed(task: Task, fn) -> list[torch.cuda.CUDAGraph]:
     return graphs
 
 
-def touch(graph: torch.cuda.CUDAGraph) -> None:
+def touch(graph: torch.cuda.CUDAGraph) -> bool:
     """Set the graph's first kernel node to the parameters it has: the driver call PI's re-pointing makes
-    (cuGraphExecKernelNodeSetParams), changing nothing."""
-    node = next(n for n, kind in cuda_driver.nodes(graph.raw_cuda_graph()) if kind == "kernel")
+    (cuGraphExecKernelNodeSetParams), changing nothing. False for a graph not kept after instantiation."""
+    try:
+        raw = graph.raw_cuda_graph()
+    except RuntimeError:  # captured with keep_graph=False (not by GraCE): no nodes to read
+        return False
+    node = next(n for n, kind in cuda_driver.nodes(raw) if kind == "kernel")
     params, _ = cuda_driver.kernel_params(node)
     cuda_driver.set_kernel_params(cuda_driver.exec_handle(graph.raw_cuda_graph_exec()), node, params)
+    return True
 
 
 def touched(task: Task, fn) -> str:
@@ -252,10 +257,8 @@ def touched(task: Task, fn) -> str:
     longer with PI, which set its nodes once), and whether an upload after it takes that back: the step
     and each replay() timed after one node of each graph is set to its own parameters, then after
     cuGraphUpload of each."""
-    graphs = list(dict.fromkeys(replayed(task, fn)))
-    for g in graphs:
-        touch(g)
-    lines = ["After one kernel node of each graph was set to its own parameters: "
+    graphs = [g for g in dict.fromkeys(replayed(task, fn)) if touch(g)]
+    lines = [f"After one kernel node of each graph ({len(graphs)} kept) was set to its own parameters: "
              + report_unprofiled(*unprofiled(task, fn, UNPROFILED))]
     for g in graphs:
         cuda_driver.upload(cuda_driver.exec_handle(g.raw_cuda_graph_exec()), torch.cuda.current_stream().cuda_stream)

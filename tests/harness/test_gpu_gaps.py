@@ -175,13 +175,17 @@ def test_touch_sets_each_graph_once_then_uploads_and_times_both(monkeypatch):
     monkeypatch.setattr(gpu_gaps.cuda_driver, "set_kernel_params", lambda e, n, p: calls.append(("set", e, n, p)))
     monkeypatch.setattr(gpu_gaps.cuda_driver, "upload", lambda e, s: calls.append(("upload", e, s)))
 
+    class Unkept(Graph):
+        def raw_cuda_graph(self):
+            raise RuntimeError("keep_graph=False")
+
     class Task:
-        def step(self, fn):  # graph a twice a step, then b
-            for g in (a, a, b):
+        def step(self, fn):  # graph a twice a step, then b, then one whose nodes cannot be read
+            for g in (a, a, b, Unkept()):
                 gpu_gaps.torch.cuda.CUDAGraph.replay(g)
     text = gpu_gaps.touched(Task(), None)
     assert calls == [("set", id(a) + 1, f"k{id(a)}", f"pk{id(a)}"), ("set", id(b) + 1, f"k{id(b)}", f"pk{id(b)}"),
                      ("upload", id(a) + 1, 7), ("upload", id(b) + 1, 7)]
     first, then = text.splitlines()
-    assert first.startswith("After one kernel node of each graph was set to its own parameters: Without")
+    assert first.startswith("After one kernel node of each graph (2 kept) was set to its own parameters: Without")
     assert then.startswith("Then after cuGraphUpload of each: Without the profiler, 20 steps")
