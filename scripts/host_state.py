@@ -7,9 +7,12 @@ its own launch costs and read at the median of both workers' costs.
     python scripts/host_state.py [--records results/full/nvidia-h200/records.jsonl] [--code 509073974623]
 
 Prints a markdown table, one row per A/A session (the newest of each workload), and the A/A controls'
-spread (root mean square of log(A/A)) both ways. A diagnostic: the records and figures are not adjusted.
+spread (root mean square of log(A/A)) both ways; then whether the A/A controls of every session lean one
+way, apart for sessions whose baseline compiled over twice as long as its A/A worker (which then found
+the shared caches full). A diagnostic: the records and figures are not adjusted.
 """
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -57,6 +60,26 @@ def aa_rows(records: list[Record], code: str | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("workload") if rows else pd.DataFrame()
 
 
+def offsets(records: list[Record], code: str | None = None) -> pd.DataFrame:
+    """Whether the A/A controls lean one way: each session's log A/A (inductor_aa's speedup over inductor,
+    one process a side), grouped by whether the baseline compiled over twice as long as its A/A worker
+    (it filled the shared caches that the A/A worker then read), with their mean, standard error, median
+    and the share above 1."""
+    sessions: dict[str, dict[str, Record]] = {}
+    for r in records:
+        if r.variant in (BASELINE, AA) and (code is None or r.env.get("code") == code):
+            sessions.setdefault(r.session, {})[r.variant] = r
+    rows = [{"baseline compiled": "over twice as long" if a.compile_s > 2 * b.compile_s else "about as long",
+             "log": math.log(b.speedup)}
+            for a, b in ((pair.get(BASELINE), pair.get(AA)) for pair in sessions.values())
+            if a and b and b.status == "ok" and b.speedup and b.processes == 1 and a.compile_s and b.compile_s]
+    if not rows:
+        return pd.DataFrame()
+    g = pd.DataFrame(rows).groupby("baseline compiled")["log"]
+    return pd.DataFrame({"sessions": g.size(), "mean log(A/A) %": 100 * g.mean(), "standard error %": 100 * g.sem(),
+                         "median %": 100 * g.median(), "above 1": g.apply(lambda x: float((x > 0).mean()))})
+
+
 def spread(ratios: pd.Series) -> float:
     """Root mean square of log(ratio): how far from 1 the A/A controls lie."""
     return float(np.sqrt(np.mean(np.log(ratios.to_numpy(float)) ** 2)))
@@ -74,6 +97,10 @@ def main(argv=None) -> int:
     print(table.to_markdown(floatfmt=".3f"))
     print(f"\nA/A spread (rms of log), as measured: {100 * spread(table['A/A']):.1f} %; at a common launch cost: "
           f"{100 * spread(table['A/A at a common launch cost']):.1f} % ({len(table)} sessions)")
+    leaning = offsets(RecordStore(args.records).load(), args.code)
+    if not leaning.empty:
+        print("\nWhether the A/A controls lean one way (every session, one process a side):\n")
+        print(leaning.to_markdown(floatfmt=("", ".0f", ".2f", ".2f", ".2f", ".2f")))
     return 0
 
 

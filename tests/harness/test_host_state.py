@@ -33,3 +33,16 @@ def test_a_host_state_that_one_worker_met_more_often_is_taken_out_and_a_real_dif
 def test_the_spread_is_the_rms_of_the_logs():
     import pandas as pd
     assert math.isclose(host_state.spread(pd.Series([1.1, 1 / 1.1])), math.log(1.1))
+
+
+def test_a_lean_of_the_aa_controls_is_told_apart_by_which_worker_compiled_longer():
+    made = []
+    for i, (speedup, cold) in enumerate([(1.04, True), (1.06, True), (1.02, True), (0.99, False), (1.01, False)]):
+        base = dataclasses.replace(rec("a", "inductor", 1.0), session=f"s{i}", compile_s=30.0 if cold else 5.0)
+        made += [base, dataclasses.replace(rec("a", "inductor_aa", 1.0), session=f"s{i}", compile_s=5.0, speedup=speedup)]
+    made.append(dataclasses.replace(rec("a", "inductor_aa", 1.0), session="s9", compile_s=5.0, speedup=2.0))  # no baseline
+    table = host_state.offsets(made)
+    cold, warm = table.loc["over twice as long"], table.loc["about as long"]
+    assert cold["sessions"] == 3 and cold["mean log(A/A) %"] == pytest.approx(100 * math.log(1.04 * 1.06 * 1.02) / 3)
+    assert cold["above 1"] == 1.0 and warm["above 1"] == 0.5 and warm["sessions"] == 2
+    assert host_state.offsets(made, code="other").empty
