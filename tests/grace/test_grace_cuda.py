@@ -728,7 +728,6 @@ def test_pi_learns_where_this_driver_keeps_a_tma_descriptors_address(monkeypatch
     assert codec.encode(bits, moved) == cuda_driver.tensor_map_bits(address, moved)
 
 
-
 @torch.no_grad()
 def test_a_graph_re_pointed_and_then_uploaded_reads_where_it_was_pointed():
     """cuda_driver.upload after PI's re-pointing (cuGraphExecKernelNodeSetParams): the next launch reads
