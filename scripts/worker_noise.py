@@ -1,8 +1,10 @@
 """Why two workers of the same code time differently (issue 29's A/A control): per-process speed, with
 Python's hash seed random (as the harness's spawned workers have it), fixed, fixed with address-space
-randomization off, and pinned to the timing core from the start.
+randomization off, pinned to the timing core from the start, and compiled cold (empty caches of its
+own, where the others read the shared ones: as the one worker of a sweep that compiled first did).
 
     python scripts/worker_noise.py [--model mlp] [--size tiny] [--sessions 6] [--per 3] [--rounds 30] [--calls 300]
+    python scripts/worker_noise.py --ways "random seed" "compiled cold"
 
 A session starts `per` processes of each way at once, all alive together as a sweep's workers are;
 each compiles the suite's `model` with Inductor and waits. Then rounds rotate over the processes, one
@@ -11,9 +13,10 @@ two synchronizations. A process's level is the mean of its rounds' log(us per ca
 noise of a way is the spread of its processes' levels within a session, less what the rounds' own
 spread explains, as the log-sd of the ratio of two processes (what experiments.figures.worker_noise
 estimates from the sweep's A/A controls): tau^2 = 2 (mean over sessions of var(levels) -
-mean(var(rounds) / rounds)). Appends one JSON record
-per session to results/worker_noise/<device>/sessions.jsonl and prints tau per way, with a bootstrap
-interval over sessions.
+mean(var(rounds) / rounds)). A way's lean is its processes' mean level less the first way's, within
+each session, averaged over sessions. Appends one JSON record per session to
+results/worker_noise/<device>/sessions.jsonl and prints tau and the lean per way, with bootstrap
+intervals over sessions.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,7 +39,9 @@ REPO = Path(__file__).resolve().parent.parent
 # memory and its CUDA context's host side are placed from there (first touch), not where the OS started it.
 WAYS = {"random seed": ([], None), "fixed seed": ([], "0"),
         "fixed seed, no ASLR": (["setarch", os.uname().machine, "-R"], "0"),
-        "pinned from the start": (["taskset", "-c", "{core}"], None)}
+        "pinned from the start": (["taskset", "-c", "{core}"], None),
+        "compiled cold": ([], None)}
+COLD = "compiled cold"  # its processes compile with empty caches of their own (start)
 
 
 def child(model: str, size: str, calls: int, core: int) -> None:
@@ -63,11 +69,15 @@ def child(model: str, size: str, calls: int, core: int) -> None:
             print(per_call_us(lambda: fn(*inputs), calls, device), flush=True)
 
 
-def start(way: str, args) -> subprocess.Popen:
+def start(way: str, args, caches: str) -> subprocess.Popen:
     prefix, seed = WAYS[way]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     if seed is not None:
         env["PYTHONHASHSEED"] = seed
+    if way == COLD:
+        private = tempfile.mkdtemp(dir=caches)
+        env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(private, "inductor"),
+                   TRITON_CACHE_DIR=os.path.join(private, "triton"))
     cmd = [*(part.format(core=args.core) for part in prefix), sys.executable, __file__, "--child", "--model", args.model, "--size", args.size,
            "--calls", str(args.calls), "--core", str(args.core)]
     return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -75,19 +85,20 @@ def start(way: str, args) -> subprocess.Popen:
 
 def session(args) -> dict:
     """One session: every way's processes alive together, rounds rotating over them."""
-    procs = [(way, start(way, args)) for _ in range(args.per) for way in WAYS]
-    for _, p in procs:
-        if p.stdout.readline().strip() != "ready":
-            raise SystemExit(f"error: a {args.model} process did not get ready (exit {p.wait()})")
-    rounds = [[] for _ in procs]
-    for r in range(args.rounds):
-        for i in [(r + j) % len(procs) for j in range(len(procs))]:
-            procs[i][1].stdin.write("go\n")
-            procs[i][1].stdin.flush()
-            rounds[i].append(float(procs[i][1].stdout.readline()))
-    for _, p in procs:
-        p.stdin.close()
-        p.wait()
+    with tempfile.TemporaryDirectory(prefix="worker-noise-caches-") as caches:
+        procs = [(way, start(way, args, caches)) for _ in range(args.per) for way in args.ways]
+        for _, p in procs:
+            if p.stdout.readline().strip() != "ready":
+                raise SystemExit(f"error: a {args.model} process did not get ready (exit {p.wait()})")
+        rounds = [[] for _ in procs]
+        for r in range(args.rounds):
+            for i in [(r + j) % len(procs) for j in range(len(procs))]:
+                procs[i][1].stdin.write("go\n")
+                procs[i][1].stdin.flush()
+                rounds[i].append(float(procs[i][1].stdout.readline()))
+        for _, p in procs:
+            p.stdin.close()
+            p.wait()
     return {"processes": [{"way": way, "us_per_call_by_round": rs} for (way, _), rs in zip(procs, rounds)]}
 
 
@@ -102,13 +113,25 @@ def tau(sessions: list[dict], way: str) -> float:
     return math.sqrt(2 * max(0.0, statistics.fmean(between) - statistics.fmean(within)))
 
 
-def summary(sessions: list[dict], resamples: int = 2000) -> dict[str, tuple[float, float, float]]:
-    """Per way: tau and its 95 % interval, by resampling sessions."""
-    rng = random.Random(0)
+def lean(sessions: list[dict], way: str, first: str) -> float:
+    """How much slower `way`'s processes ran than `first`'s: the mean over sessions of the difference of
+    their mean levels (log us per call)."""
+    def level(s, w):
+        return statistics.fmean(math.log(x) for p in s["processes"] if p["way"] == w for x in p["us_per_call_by_round"])
+    return statistics.fmean(level(s, way) - level(s, first) for s in sessions)
+
+
+def summary(sessions: list[dict], resamples: int = 2000) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """Per way of the sessions: tau, and its lean over the first way, each with a 95 % interval, by
+    resampling sessions."""
+    ways = list(dict.fromkeys(p["way"] for p in sessions[0]["processes"]))
     out = {}
-    for way in WAYS:
-        boot = sorted(tau(rng.choices(sessions, k=len(sessions)), way) for _ in range(resamples))
-        out[way] = (tau(sessions, way), boot[int(0.025 * resamples)], boot[int(0.975 * resamples)])
+    for way in ways:
+        out[way] = {}
+        for name, f in (("tau", lambda ss: tau(ss, way)), ("lean", lambda ss: lean(ss, way, ways[0]))):
+            rng = random.Random(0)
+            boot = sorted(f(rng.choices(sessions, k=len(sessions))) for _ in range(resamples))
+            out[way][name] = (f(sessions), boot[int(0.025 * resamples)], boot[int(0.975 * resamples)])
     return out
 
 
@@ -121,6 +144,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--core", type=int, default=max(os.sched_getaffinity(0)))
+    parser.add_argument("--ways", nargs="+", default=list(WAYS), choices=list(WAYS),
+                        help="the ways a session starts processes in; leans are over the first")
     parser.add_argument("--out", default="results/worker_noise")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -141,8 +166,9 @@ def main() -> None:
         with path.open("a") as f:  # each session kept as it ends: an interrupted run loses only its last
             f.write(json.dumps(sessions[-1], sort_keys=True) + "\n")
         print(f"session {i + 1} of {args.sessions} recorded", flush=True)
-    for way, (t, lo, hi) in summary(sessions).items():
-        print(f"{way:>21}: tau {100 * t:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]")
+    for way, of in summary(sessions).items():
+        print(f"{way:>21}: " + ", ".join(f"{name} {100 * v:+.2f} % [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+                                        for name, (v, lo, hi) in of.items()))
     print(f"records: {path}")
 
 
