@@ -308,6 +308,13 @@ class Bench:
         return Setup(self.task.workload.batch, built - t0 - checked_here, t1 - built, t2 - t1,
                      t3 - t2, float64.seconds, numerics, floor_method, shape_padding_choices())
 
+    def fill_caches(self, reference: str, float64: Float64Check) -> float:
+        """The setup once, for the caches that the measured workers share (Sweep._fill_caches), then dropped;
+        returns its compile seconds."""
+        compile_s = self.setup(reference, float64).compile_s
+        self.close()
+        return compile_s
+
     def _take_floor(self) -> str:
         """The floor variant's timed step (Variant.floor), its numerics checked as its variant's: the step
         captured whole into one CUDA graph and replayed on the same inputs; where it cannot be captured, an

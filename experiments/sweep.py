@@ -2,7 +2,9 @@
 
 A session: a worker of its own takes the numerics reference (the first steps in eager, in the compute
 dtype and in float64); each variant gets its own worker process, started beside the reference's, and
-another that checks it in float64 beside the others' checks (they time nothing kept) and ends; then the
+another that checks it in float64 beside the others' checks (they time nothing kept) and ends; the
+baseline's checker first sets the baseline up once, alone, filling the caches that the workers share, so
+that no measured worker compiles cold and the others warm; then the
 variants are set up one at a time, so that compile latencies do not overlap; each setup checks its
 steps against the reference. With `aa_control`, the baseline is set up twice (`<baseline>_aa`): the ratio of
 the two is the session's noise. With `measure.processes=N`, each variant has N workers, timed in every
@@ -241,7 +243,10 @@ class Sweep:
                 log.info("%s: numerics reference after %.0f s", entry.name, time.monotonic() - start)
                 if reference is None:
                     return
-                self._float64 = self._check_float64(entry, checkers, reference, start)
+                filler = self._filler(available, checkers)
+                self._float64 = self._check_float64(entry, checkers, reference, start, keep=filler)
+                if filler:
+                    self._fill_caches(entry, checkers[filler], self._float64.get(filler), reference, start)
                 deferred = self._measure_group(entry, run, available, reference, start, prestarted, defer=True)
                 if deferred:
                     # Those that ran out of memory beside the others' workers, in a group of their own, with
@@ -257,13 +262,41 @@ class Sweep:
                                      f"stopped (SIGINT) {time.monotonic() - start:.0f} s into this workload")
             raise
 
+    def _filler(self, available: list[Variant], checkers: dict[str, Worker]) -> str | None:
+        """The checker that fills the shared caches (_fill_caches): the baseline's, where the workers share
+        caches and the baseline is measured and compiled."""
+        baseline = next((v for v in available if v.name == self.cfg.baseline), None)
+        if (baseline is None or baseline.compile is None or self.measure.cold_caches
+                or _checked_as(baseline) not in checkers):
+            return None
+        return _checked_as(baseline)
+
+    def _fill_caches(self, entry: Entry, checker: Worker, float64: Float64Check | None, reference: str,
+                     start: float) -> None:
+        """The baseline set up once in its float64 checker, alone, which then ends: with shared caches the
+        first worker to compile a graph compiles it cold and the later ones read what it left, and the
+        process that compiled cold was more often the slower of an A/A pair (docs/harness.md).
+        Every measured worker then sets up from these caches, the baseline's as its A/A control's. Nothing
+        it measures is kept; a failure is the baseline's own setup's to report, as is a float64 check that
+        did not finish here (the setup would take it again)."""
+        try:
+            if float64 is None:
+                raise WorkerError("its float64 check did not finish")
+            compile_s = checker.call("fill_caches", reference, float64)
+            log.info("%s: caches filled by %s (compiled in %.0f s) after %.0f s", entry.name, checker.variant,
+                     compile_s, time.monotonic() - start)
+        except WorkerError as e:
+            log.warning("%s: caches not filled (%s); the baseline compiles first", entry.name, e)
+        finally:
+            checker.close()
+
     def _check_float64(self, entry: Entry, checkers: dict[str, Worker], reference: str,
-                       start: float) -> dict[str, Float64Check]:
+                       start: float, keep: str | None = None) -> dict[str, Float64Check]:
         """Each float64 check (Bench.check_float64; `checkers` by _checked_as) in a process of its own, all
         at once (nothing they time is kept: they need not wait their turn as the measured compiles do), then
         those that ran out of GPU memory beside the others, one at a time. Each process then ends, so that
-        nothing of its float64 copy stays on the GPU. A variant left without a check here is checked in its
-        setup."""
+        nothing of its float64 copy stays on the GPU, except `keep`'s, for the caller. A variant left
+        without a check here is checked in its setup."""
         checked: dict[str, Float64Check] = {}
         pending = list(checkers)
         for together in (True, False):
@@ -286,7 +319,7 @@ class Sweep:
                         alone.append(name)
                     elif result is not None:
                         checked[name] = result
-                done = [checkers[name] for name in group if name not in alone]
+                done = [checkers[name] for name in group if name not in alone and name != keep]
                 for worker in done:  # asked first: they exit side by side, their memory the next group's
                     worker.ask_to_close()
                 for worker in done:

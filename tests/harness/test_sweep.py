@@ -418,15 +418,40 @@ def test_every_variant_is_checked_in_float64_apart_and_at_once_before_the_first_
     monkeypatch.setattr(sweep_module, "Worker", Logged)
     recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
                               "aa_control=true").store)
-    checks = [(m, v) for m, v, _ in asked if m in ("check_float64", "setup")]
-    # one check for inductor and its A/A control, which run the same code
+    checks = [(m, v) for m, v, _ in asked if m in ("check_float64", "fill_caches", "setup")]
+    # one check for inductor and its A/A control, which run the same code; its checker then sets inductor
+    # up once, so that neither measured worker compiles cold
     assert checks == [("check_float64", "eager"), ("check_float64", "inductor"), ("check_float64", "eager"),
+                      ("fill_caches", "inductor"),
                       ("setup", "eager"), ("setup", "inductor"), ("setup", "inductor_aa")], checks
     handed = {v: args[0] for m, v, args in asked if m == "setup"}
     assert handed["eager"] is None  # its setup checks it
     assert handed["inductor"].seconds > 0 and handed["inductor_aa"] == handed["inductor"]
     assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok", "inductor_aa": "ok"}
     assert all(r.float64_check_s > 0 for r in recs.values())
+
+
+@pytest.mark.parametrize("options, filled", [((), True), (("measure.cold_caches=true",), False),
+                                              (("baseline=eager",), False)])
+def test_the_baselines_checker_fills_the_shared_caches_unless_each_worker_has_its_own(make_cfg, monkeypatch,
+                                                                                       options, filled):
+    """A fill that fails leaves the session as it was: the baseline's own setup compiles first."""
+    asked = []
+
+    class Logged(sweep_module.Worker):
+        def request(self, method, *args):
+            asked.append((method, self.variant))
+            if method == "fill_caches":
+                args = ("no such reference.pt", *args[1:])
+            super().request(method, *args)
+
+    monkeypatch.setattr(sweep_module, "Worker", Logged)
+    recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
+                              *options).store)
+    assert [v for m, v in asked if m == "fill_caches"] == (["inductor"] if filled else [])
+    if filled:
+        assert asked.index(("fill_caches", "inductor")) < asked.index(("setup", "eager"))
+    assert {r.status for r in recs.values()} == {"ok"}
 
 
 COMPILED: list[bool] = []  # counting_backend's: per graph compiled, whether it was a float64 one
