@@ -8,6 +8,7 @@ the step and the inputs of each call. `compile` is the identity for eager.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import io
 import math
@@ -810,6 +811,33 @@ def parameter_reassigned(device, compile):
                               lambda m: setattr(m[0], "weight", nn.Parameter(m[0].weight.detach() * 3)))
 
 
+@hazard
+def weights_changed_to_channels_last(device, compile):  # the same values in new storages, strided otherwise
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)).to(device)
+    f = compile(model)
+
+    def step(i, x):
+        model.to(memory_format=torch.channels_last if i % 2 else torch.contiguous_format)
+        return f(x)
+    return Program(step, lambda i: (i, torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(i)).to(device)))
+
+
+@hazard
+def compiled_model_deep_copied(device, compile):  # an EMA copy: its own weights, compiled code shared
+    f = compile(_mlp().to(device))
+    copies = []
+
+    def step(x):
+        y = f(x)
+        if not copies:
+            copies.append(copy.deepcopy(f))
+            with torch.no_grad():
+                for p in copies[0].parameters():
+                    p.mul_(0.5)
+        return y, copies[0](x)
+    return Program(step, _x(device, 4, 16))
+
+
 class _Counted(nn.Module):
     def __init__(self):
         super().__init__()
@@ -1104,6 +1132,30 @@ def parameter_frozen_every_other_call(device, compile):
         loss.backward()
         return [loss.detach()] + [torch.zeros_like(p) if p.grad is None else p.grad for p in model.parameters()]
     return Program(step, lambda i: (i, _x(device, 4, 8)(i)[0]))
+
+
+@hazard
+def deterministic_algorithms_on(device, compile):  # a global flag that Dynamo guards on, every other call
+    f = compile(_mlp().to(device))
+
+    def step(i, x):
+        # warn_only: on a GPU, cuBLAS without CUBLAS_WORKSPACE_CONFIG would fail eager itself
+        torch.use_deterministic_algorithms(i % 2 == 1, warn_only=True)
+        try:
+            return f(x)
+        finally:
+            torch.use_deterministic_algorithms(False)
+    return Program(step, lambda i: (i, _x(device, 4, 16)(i)[0]))
+
+
+@hazard
+def cudagraph_step_marked_by_the_caller(device, compile):  # stock's API, called whatever the backend
+    f = compile(_mlp().to(device))
+
+    def step(x):
+        torch.compiler.cudagraph_mark_step_begin()
+        return f(x)
+    return Program(step, _x(device, 4, 16))
 
 
 # --- Autograd as callers use it ------------------------------------------------------------------

@@ -186,7 +186,8 @@ def test_grace_replays_each_hazard_right_where_inductor_partitions_it_as_on_a_gp
     (offset_backend, ["python_float_argument", "training_step", "kv_cache_written_in_place",
                       "pinned_cpu_input_written_after_the_call"]),  # off by 0.5
     (stale_backend, ["python_float_argument", "cpu_tensor_input", "shape_changes_every_call"]),  # a stale result
-    (frozen_weights_backend, ["weights_loaded_between_calls", "parameter_data_swapped"]),  # the old weights
+    (frozen_weights_backend, ["weights_loaded_between_calls", "parameter_data_swapped",
+                              "compiled_model_deep_copied"]),  # the old weights
     # the same random numbers every call; new ones where the caller set the seed again
     (frozen_rng_backend, ["rand_in_forward", "dropout_in_training", "seed_set_again_between_calls",
                           "tokens_sampled_with_a_seed", "dropout_masks_of_two_forwards_in_one_backward"]),
