@@ -2,7 +2,7 @@
 # One call on a lent GPU machine: the CUDA tests, the host-cost benchmarks if asked, then an experiment
 # as a Hydra multirun (one job per workload; with several GPUs, side by side through hydra/launcher=gpus).
 # What to commit lands in $OUT (at most 8 files come back): cuda_tests.log, <experiment>.log,
-# <experiment name>_records.jsonl, and with BENCH=1 replay.jsonl, sizes.jsonl and pi_nodes.txt.
+# <experiment name>_records.jsonl.gz, and with BENCH=1 replay.jsonl, sizes.jsonl and pi_nodes.txt.
 #
 #   GRACE_GIT_COMMIT=<sha sent> bash scripts/device_run.sh full 'workload=ALNET,DLRM,EOS'
 #   TESTS=0 GRACE_GIT_COMMIT=<sha> bash scripts/device_run.sh full 'workload=ALNET,DLRM' hydra/launcher=gpus gpus=2
@@ -24,7 +24,9 @@ export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python3 -c "import hydra_plugins.hydra_joblib_launcher" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 # the records files this call wrote to (an experiment's records go to its experiment_name's folder)
 started=$(mktemp)
-save_records() { find results -name records.jsonl -newer "$started" -exec sh -c 'cp "$1" "$2/$(basename "$(dirname "$(dirname "$1")")")_records.jsonl"' _ {} "$out" \; ; }
+# gzipped: a file comes back only under 16 MiB, which the H100's full records outgrew (a call's were lost);
+# renamed into place, so that a call stopped mid-copy brings back the last whole copy
+save_records() { find results -name records.jsonl -newer "$started" -exec sh -c 'f="$2/$(basename "$(dirname "$(dirname "$1")")")_records.jsonl.gz"; gzip -1 -c "$1" > "$f.part" && mv "$f.part" "$f"' _ {} "$out" \; ; }
 # Every step runs under what is left of LIMIT (a step that would start with under 20 s left is not started).
 left() { echo $(( ${LIMIT:-570} - SECONDS )); }
 step() { [ "$(left)" -gt 20 ] && timeout -s INT -k 10 "$(left)" "$@"; }

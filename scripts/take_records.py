@@ -1,5 +1,6 @@
 """Take the records files a device call brought back (scripts/device_run.sh writes `<experiment
-name>_records.jsonl`) into the committed ones, checking first that each only appends to the file it
+name>_records.jsonl.gz`: a returned file may have 16 MiB, which the H100's full records outgrew) into the
+committed ones, checking first that each only appends to the file it
 was sent with, so that nothing recorded is lost:
 
     python scripts/take_records.py /work/.device/7
@@ -13,7 +14,9 @@ alone, with a one-line error and exit status 1.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import zlib
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,13 +26,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 from experiments import environment  # noqa: E402
 
 
+SUFFIXES = ("_records.jsonl.gz", "_records.jsonl")
+
+
+def _read(returned: Path) -> bytes:
+    if returned.suffix != ".gz":
+        return returned.read_bytes()
+    try:
+        return gzip.decompress(returned.read_bytes())
+    except (OSError, EOFError, zlib.error) as e:  # not gzip, cut short, corrupt
+        raise ValueError(f"{returned}: {e}") from None
+
+
 def target(returned: Path, results: Path) -> Path:
     """Where a returned records file belongs: its experiment's folder, its newest record's device."""
-    lines = returned.read_bytes().splitlines()
+    lines = _read(returned).splitlines()
     if not lines:
         raise ValueError(f"{returned}: no records")
     machine = SimpleNamespace(gpu=json.loads(lines[-1])["env"]["gpu"])  # all that device_tag reads
-    return results / returned.name.removesuffix("_records.jsonl") / environment.device_tag(machine) / "records.jsonl"
+    experiment = next(returned.name.removesuffix(s) for s in SUFFIXES if returned.name.endswith(s))
+    return results / experiment / environment.device_tag(machine) / "records.jsonl"
 
 
 def take(returned: Path, results: Path) -> tuple[Path, int]:
@@ -40,7 +56,7 @@ def take(returned: Path, results: Path) -> tuple[Path, int]:
     prefix both share are the call's own, and are appended; none if all are there already (taken before),
     and an error if only some are (the returned file then rewrote a record, not only added some)."""
     to = target(returned, results)
-    new = returned.read_bytes().splitlines(keepends=True)
+    new = _read(returned).splitlines(keepends=True)
     old = to.read_bytes().splitlines(keepends=True) if to.exists() else []
     shared = next((i for i, (a, b) in enumerate(zip(new, old)) if a != b), min(len(new), len(old)))
     added, taken = new[shared:], set(old[shared:])
@@ -59,7 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--results", type=Path, default=Path("results"))
     args = p.parse_args(argv)
     status = 0
-    for returned in sorted(args.folder.glob("*_records.jsonl")):
+    for returned in sorted(f for s in SUFFIXES for f in args.folder.glob("*" + s)):
         try:
             to, added = take(returned, args.results)
             print(f"{to}: {added} records added")

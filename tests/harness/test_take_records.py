@@ -1,3 +1,4 @@
+import gzip
 import json
 
 from scripts import take_records
@@ -43,3 +44,21 @@ def test_calls_taken_after_one_another_each_add_their_own_records(tmp_path):
     (second / "full_records.jsonl").write_text(_line(h100, 0) + _line(h100, 5) + _line(h100, 2))  # a rewrite
     assert take_records.main([str(second), "--results", str(results)]) == 1
     assert committed.read_text().count("\n") == 3
+
+
+def test_a_gzipped_file_is_taken_as_its_records_and_a_broken_one_is_left_alone(tmp_path, capsys):
+    results, back = tmp_path / "results", tmp_path / "back"
+    committed = results / "full" / "nvidia-h100-80gb-hbm3" / "records.jsonl"
+    committed.parent.mkdir(parents=True)
+    h100 = "NVIDIA H100 80GB HBM3"
+    committed.write_text(_line(h100, 0))
+    back.mkdir()
+    returned = back / "full_records.jsonl.gz"
+    returned.write_bytes(gzip.compress((_line(h100, 0) + _line(h100, 1)).encode()))
+    assert take_records.main([str(back), "--results", str(results)]) == 0
+    assert [json.loads(x)["n"] for x in committed.read_text().splitlines()] == [0, 1]
+
+    returned.write_bytes(gzip.compress((_line(h100, 0) + _line(h100, 1) + _line(h100, 2)).encode())[:-9])  # cut short
+    assert take_records.main([str(back), "--results", str(results)]) == 1
+    assert committed.read_text().count("\n") == 2
+    assert "take_records:" in capsys.readouterr().err
