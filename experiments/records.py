@@ -122,6 +122,8 @@ class Record:
     setup_s: float | None = None  # from asking its worker (with others: the group's) to set up to the answer:
     # build_s + compile_s + warmup_s + check_s and what passes between processes. Records without start_s
     # count from starting the worker, so their worker's start too
+    setup_position: int | None = None  # its worker's place in the order its group's workers were set up
+    # (0: first; Sweep._setup_order): the baseline and its A/A control trade places in half the sessions
     iter_ms: list[list[float]] = field(default_factory=list)  # wall time per timed iteration, per round
     processes: int = 1  # worker processes of this variant (measure.processes): a round holds each one's in turn
     median_ms: float | None = None  # TP: of each iteration's slowest rank (rank_median_ms: each rank's own)

@@ -157,8 +157,8 @@ class Sweep:
         self.store = RecordStore(records_path(cfg, self.env))
         self._appended: set[str] = set()
         # per variant, of its last setup: the workers set up beside its own, its worker's start and its setup
-        # in seconds (Record.start_s, Record.setup_s)
-        self._setups: dict[str, tuple[int, float, float]] = {}
+        # in seconds, and its place in the set-up order (Record.start_s, setup_s, setup_position)
+        self._setups: dict[str, tuple[int, float, float, int]] = {}
         self._started: float | None = None  # when the workload being measured started (time.monotonic)
         self._float64: dict[str, Float64Check] = {}  # the workload's float64 checks taken apart (_checked_as)
         self.session = uuid.uuid4().hex[:12]
@@ -340,8 +340,8 @@ class Sweep:
         workers: dict[str, tuple[Variant, Worker, Setup]] = {}
         names = {v.name: [p.name for p in self._processes(v)] for v in variants}
         with _closing([]) as started:  # every worker, set up or not
-            deferred = self._set_up(entry, run, [p for v in variants for p in self._processes(v)], workers,
-                                    reference, defer, started, prestarted)
+            deferred = self._set_up(entry, run, [p for v in self._setup_order(variants) for p in self._processes(v)],
+                                    workers, reference, defer, started, prestarted)
             deferred = [v for v in variants if any(d.name in names[v.name] for d in deferred)]
             for v in variants:  # a variant is timed with all its processes or not at all
                 if not all(n in workers for n in names[v.name]):
@@ -363,12 +363,27 @@ class Sweep:
                 except WorkerError as e:
                     self._unmeasured(entry, run, v, "failed", str(e))
                     continue
-                beside, start_s, setup_s = self._setups[name]
+                beside, start_s, setup_s, position = self._setups[name]
                 self._append(self._measured(entry, run, v, setup, timed[name], baseline_rounds, floor_rounds,
                                             kernels=kernels, host=host, set_up_beside=beside,
                                             start_s=round(start_s, 1), setup_s=round(setup_s, 1),
+                                            setup_position=position,
                                             **asdict(diagnostics)))
             return deferred
+
+    def _setup_order(self, variants: list[Variant]) -> list[Variant]:
+        """The variants in the order their workers are set up: as selected, except that the baseline and its
+        A/A control trade places in half the sessions (drawn from the session id). Set up first and near
+        last, the A/A worker was the faster of the two in most sessions on the H100, with the caches filled
+        for both (docs/harness.md): the A/A control then measures what the place costs, and a record's
+        setup_position says which place its worker had."""
+        order = list(variants)
+        names = [v.name for v in order]
+        baseline, aa = self.cfg.baseline, self.cfg.baseline + AA_SUFFIX
+        if baseline in names and aa in names and random.Random(self.session).random() < 0.5:
+            i, j = names.index(baseline), names.index(aa)
+            order[i], order[j] = order[j], order[i]
+        return order
 
     def _reference(self, entry: Entry, run: int, variants: list[Variant], path: str) -> str | None:
         """The numerics reference of this workload (Bench.reference), in a worker of its own before any
@@ -397,7 +412,7 @@ class Sweep:
         already is returned, unrecorded, for a group of its own (a large training workload's variants may not
         fit on one GPU together)."""
         m = self.measure
-        deferred = []
+        deferred, position = [], 0
         if m.parallel_setup:
             alone = [v for v in variants if v.uses_scg]
             groups = [[v for v in variants if v not in alone]] + [[v] for v in alone]
@@ -422,7 +437,8 @@ class Sweep:
             for v, worker, start_s in ready:
                 try:
                     workers[v.name] = (v, worker, worker.reply())
-                    self._setups[v.name] = (len(ready) - 1, start_s, time.monotonic() - began)
+                    self._setups[v.name] = (len(ready) - 1, start_s, time.monotonic() - began, position)
+                    position += 1
                 except WorkerError as e:
                     worker.close()
                     if len(group) > 1 and out_of_memory(str(e)):

@@ -9,7 +9,7 @@ its own launch costs and read at the median of both workers' costs.
 Prints a markdown table, one row per A/A session (the newest of each workload), and the A/A controls'
 spread (root mean square of log(A/A)) both ways; then whether the A/A controls of every session lean one
 way, apart for sessions whose baseline compiled over twice as long as its A/A worker (which then found
-the shared caches full). A diagnostic: the records and figures are not adjusted.
+the shared caches full) and for those whose A/A worker was set up first (Sweep._setup_order). A diagnostic: the records and figures are not adjusted.
 """
 import argparse
 import math
@@ -62,20 +62,22 @@ def aa_rows(records: list[Record], code: str | None = None) -> pd.DataFrame:
 
 def offsets(records: list[Record], code: str | None = None) -> pd.DataFrame:
     """Whether the A/A controls lean one way: each session's log A/A (inductor_aa's speedup over inductor,
-    one process a side), grouped by whether the baseline compiled over twice as long as its A/A worker
-    (it filled the shared caches that the A/A worker then read), with their mean, standard error, median
+    one process a side), grouped by the baseline's worker: whether it compiled over twice as long as its
+    A/A worker (it filled the shared caches that the A/A worker then read), and whether it was set up
+    before or after it (records without setup_position: before); with their mean, standard error, median
     and the share above 1."""
     sessions: dict[str, dict[str, Record]] = {}
     for r in records:
         if r.variant in (BASELINE, AA) and (code is None or r.env.get("code") == code):
             sessions.setdefault(r.session, {})[r.variant] = r
-    rows = [{"baseline compiled": "over twice as long" if a.compile_s > 2 * b.compile_s else "about as long",
+    rows = [{"baseline": ("compiled cold, " if a.compile_s > 2 * b.compile_s else "")
+             + ("set up after its A/A control" if (b.setup_position or 0) < (a.setup_position or 0) else "set up first"),
              "log": math.log(b.speedup)}
             for a, b in ((pair.get(BASELINE), pair.get(AA)) for pair in sessions.values())
             if a and b and b.status == "ok" and b.speedup and b.processes == 1 and a.compile_s and b.compile_s]
     if not rows:
         return pd.DataFrame()
-    g = pd.DataFrame(rows).groupby("baseline compiled")["log"]
+    g = pd.DataFrame(rows).groupby("baseline")["log"]
     return pd.DataFrame({"sessions": g.size(), "mean log(A/A) %": 100 * g.mean(), "standard error %": 100 * g.sem(),
                          "median %": 100 * g.median(), "above 1": g.apply(lambda x: float((x > 0).mean()))})
 

@@ -35,14 +35,19 @@ def test_the_spread_is_the_rms_of_the_logs():
     assert math.isclose(host_state.spread(pd.Series([1.1, 1 / 1.1])), math.log(1.1))
 
 
-def test_a_lean_of_the_aa_controls_is_told_apart_by_which_worker_compiled_longer():
+def test_a_lean_of_the_aa_controls_is_told_apart_by_which_worker_compiled_longer_and_was_set_up_first():
     made = []
-    for i, (speedup, cold) in enumerate([(1.04, True), (1.06, True), (1.02, True), (0.99, False), (1.01, False)]):
-        base = dataclasses.replace(rec("a", "inductor", 1.0), session=f"s{i}", compile_s=30.0 if cold else 5.0)
-        made += [base, dataclasses.replace(rec("a", "inductor_aa", 1.0), session=f"s{i}", compile_s=5.0, speedup=speedup)]
+    for i, (speedup, cold, aa_first) in enumerate([(1.04, True, False), (1.06, True, False), (1.02, True, False),
+                                                   (0.99, False, False), (1.01, False, False), (0.97, False, True)]):
+        base = dataclasses.replace(rec("a", "inductor", 1.0), session=f"s{i}", compile_s=30.0 if cold else 5.0,
+                                   setup_position=None if cold else 1 if aa_first else 0)
+        made += [base, dataclasses.replace(rec("a", "inductor_aa", 1.0), session=f"s{i}", compile_s=5.0, speedup=speedup,
+                                           setup_position=None if cold else 0 if aa_first else 1)]
     made.append(dataclasses.replace(rec("a", "inductor_aa", 1.0), session="s9", compile_s=5.0, speedup=2.0))  # no baseline
     table = host_state.offsets(made)
-    cold, warm = table.loc["over twice as long"], table.loc["about as long"]
+    cold, warm = table.loc["compiled cold, set up first"], table.loc["set up first"]
     assert cold["sessions"] == 3 and cold["mean log(A/A) %"] == pytest.approx(100 * math.log(1.04 * 1.06 * 1.02) / 3)
     assert cold["above 1"] == 1.0 and warm["above 1"] == 0.5 and warm["sessions"] == 2
+    after = table.loc["set up after its A/A control"]
+    assert after["sessions"] == 1 and after["mean log(A/A) %"] == pytest.approx(100 * math.log(0.97))
     assert host_state.offsets(made, code="other").empty

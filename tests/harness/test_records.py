@@ -13,7 +13,7 @@ def make(variant="inductor", status="ok", run=0, **fields) -> Record:
 
 def full() -> Record:
     """A record with every field set to something other than its default."""
-    return make(reason="r", tp=2, build_s=0.25, compile_s=1.5, warmup_s=0.5, check_s=0.125, float64_check_s=0.75, workload_s=42.0, set_up_beside=0, start_s=4.5, setup_s=2.5, iter_ms=[[1.0, 2.0], [3.0, 4.0]], processes=2, median_ms=2.5, rank_median_ms=[2.4, 2.5], p25_ms=1.75,
+    return make(reason="r", tp=2, build_s=0.25, compile_s=1.5, warmup_s=0.5, check_s=0.125, float64_check_s=0.75, workload_s=42.0, set_up_beside=0, start_s=4.5, setup_s=2.5, setup_position=3, iter_ms=[[1.0, 2.0], [3.0, 4.0]], processes=2, median_ms=2.5, rank_median_ms=[2.4, 2.5], p25_ms=1.75,
                 p75_ms=3.25, baseline="inductor", round_ratios=[0.9, 1.1], speedup=1.25, speedup_ci=[1.1, 1.4], over_floor=1.6, over_floor_ci=[1.5, 1.7],
                 floor_method="replay", launch_us=[7.0, 8.0],
                 sm_clock_mhz=[1980.0, None], kernels=KernelStats(10, 0.2, 12.0, 1.0, 1.0, 4096.0, [{"name": "k", "in_graph": True, "launches": 1.0, "us": 2.0}]),
