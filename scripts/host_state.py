@@ -9,7 +9,8 @@ its own launch costs and read at the median of both workers' costs.
 Prints a markdown table, one row per A/A session (the newest of each workload), and the A/A controls'
 spread (root mean square of log(A/A)) both ways; then whether the A/A controls of every session lean one
 way, apart for sessions whose baseline compiled over twice as long as its A/A worker (which then found
-the shared caches full) and for those whose A/A worker was set up first (Sweep._setup_order). A diagnostic: the records and figures are not adjusted.
+the shared caches full) and for those whose A/A worker was set up first (Sweep._setup_order). A
+diagnostic: the records and figures are not adjusted.
 """
 import argparse
 import math

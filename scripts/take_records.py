@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import zlib
 import sys
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
