@@ -356,13 +356,14 @@ class Bench:
             pin_threads(self.spec.timing_cpus[self.rank * k:(self.rank + 1) * k])
         step = self._timed or self._step
         step()
-        times = [t + self._added_ms for t in time_iterations(step, iters, self.device)]
+        # to the nanosecond, the timer's own resolution: digits beyond it were most of a record's size
+        times = [round(t + self._added_ms, 6) for t in time_iterations(step, iters, self.device)]
         every = None
         if self.spec.tp > 1:  # an iteration takes as long as its slowest rank
             every = [None] * self.spec.tp
             dist.all_gather_object(every, times, group=self.control)
             times = [max(t) for t in zip(*every)]
-        result = Round(times, launch_cost_us(self.device, launches), sm_clock_mhz(self.device), every)
+        result = Round(times, round(launch_cost_us(self.device, launches), 3), sm_clock_mhz(self.device), every)
         self._release()
         return result
 

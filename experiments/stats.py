@@ -36,10 +36,11 @@ def flatten(rounds: Sequence[Sequence[float]]) -> list[float]:
 
 def round_ratios(variant_rounds: Sequence[Sequence[float]], baseline_rounds: Sequence[Sequence[float]]) -> list[float]:
     """Per round, median(variant) / median(baseline): a ratio taken within one round, when both ran
-    back to back, so a slow moment of the host hits both sides of it."""
+    back to back, so a slow moment of the host hits both sides of it; to six decimals, as its rounds are
+    to the nanosecond."""
     if len(variant_rounds) != len(baseline_rounds):
         raise ValueError(f"{len(variant_rounds)} rounds against {len(baseline_rounds)} baseline rounds")
-    return [median(v) / median(b) for v, b in zip(variant_rounds, baseline_rounds)]
+    return [round(median(v) / median(b), 6) for v, b in zip(variant_rounds, baseline_rounds)]
 
 
 def speedup(baseline_ms, variant_ms):

@@ -40,6 +40,8 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
         assert r.median_ms == stats.median(stats.flatten(r.iter_ms))
         assert r.p25_ms <= r.median_ms <= r.p75_ms
         assert len(r.launch_us) == 2 and all(x > 0 for x in r.launch_us)
+        # to the nanosecond, no further: the digits past it were most of a record's bytes
+        assert all(t == round(t, 6) for t in stats.flatten(r.iter_ms)) and all(x == round(x, 3) for x in r.launch_us)
         assert r.compile_s > 0 and r.kernels.iters == 2 and r.set_up_beside == 0
         assert (r.held_mem_mb > 0) if CUDA else (r.peak_mem_mb is r.held_mem_mb is None)
         # its setup's parts, each measured in the worker, add up to at most what the sweep saw; the worker's
@@ -55,6 +57,7 @@ def test_records_for_each_variant_with_stats_and_skips(make_cfg):
     eager, inductor = recs["eager"], recs["inductor"]
     assert eager.baseline == "inductor"
     assert eager.round_ratios == stats.round_ratios(eager.iter_ms, inductor.iter_ms)
+    assert all(x == round(x, 6) for x in eager.round_ratios)
     assert inductor.baseline is None and inductor.round_ratios is None
     assert eager.session == inductor.session
     if not CUDA:
