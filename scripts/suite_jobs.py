@@ -16,7 +16,8 @@ A session whose A/A control misses +-3 % (a host slowed mid-session) is measured
 A session's workers are set up one after another, so its time is counted per worker: the longest whole
 session of the workload on this machine (among those of the most workers), whatever its code; else the
 longest whole session on another machine, scaled by the most this machine was slower on a workload both
-measured. Either way never less
+measured; planned a quarter longer (MARGIN), as a session may outrun the longest before it, and each
+session given SESSION_S more for its job's start and end. Either way never less
 than a quarter more than the latest session of it stopped here since ran. The call takes the longest
 that fit (first fit, decreasing), then one never measured, whose end does not matter: it teaches its
 time, and the sweep measures a workload its time ran out on again, whole. With `--fit`, only those that
@@ -49,6 +50,11 @@ ANCHORS = (BASE, "grace")  # in every session of a workload measured in parts
 # A session stopped here needed more than it ran, by an unknown amount: planned again as if it needed this
 # much more, so that one stopped near a call's end is split rather than planned whole into the same time
 STOPPED_NEEDS = 1.25
+# A session may outrun the longest of it before (docs/harness.md), and one stopped loses all it ran: each is
+# planned with this much more than its time per worker
+MARGIN = 1.25
+# A session's job takes longer than its workload_s: Hydra's job start and imports before, the workers' exit after
+SESSION_S = 40.0
 
 
 def own(experiment: str) -> list[str]:
@@ -122,12 +128,17 @@ def measured(records: list[Record], final: set[Selection], newest: dict[Selectio
             and fixed <= done.get(newest[k].session, set())}
 
 
+def session_s(selected: list[str], seconds_per_worker: float, cuda: bool) -> float:
+    """The seconds a call gives a session of `selected`: its workers' time and its job's own (SESSION_S)."""
+    return workers(selected, cuda) * seconds_per_worker + SESSION_S
+
+
 def next_session(left: list[str], seconds_per_worker: float | None, seconds: float,
                  cuda: bool) -> tuple[str, list[str]] | None:
     """The next session of a workload whose variants `left` are not yet measured: its run.py arguments
     beyond the workload and the variants it selects, or None where not even the smallest fits."""
     def fits(selected: list[str]) -> bool:
-        return seconds_per_worker is None or workers(selected, cuda) * seconds_per_worker <= seconds
+        return seconds_per_worker is None or session_s(selected, seconds_per_worker, cuda) <= seconds
 
     full, fig9, fig10 = own("full"), own("fig9"), own("fig10")
     if set(left) == set(full) and fits(full):
@@ -190,7 +201,7 @@ def main(argv=None) -> int:
         if not todo:
             continue
         guess = took_here.get(key) or (took_there[key] * slower if key in took_there else None)
-        w = max(guess or 0.0, STOPPED_NEEDS * stopped.get(key, 0.0)) or None
+        w = max(MARGIN * (guess or 0.0), STOPPED_NEEDS * stopped.get(key, 0.0)) or None
         session = next_session(todo, w, args.call or args.seconds, cuda)
         if session is None and key not in took_here and key not in stopped:
             # too long only by another machine's time: tried alone, by Fig 9's set, when nothing else fits
@@ -201,7 +212,7 @@ def main(argv=None) -> int:
             continue
         arguments, selected = session
         arguments += " force=true" * repeat  # the sweep passes over what is recorded with this code otherwise
-        left.append((name, arguments, w * workers(selected, cuda) if w else None))
+        left.append((name, arguments, session_s(selected, w, cuda) if w else None))
     if not left:
         print(f"nothing of the suite left to measure in {args.results / here} with this code", file=sys.stderr)
         return 1

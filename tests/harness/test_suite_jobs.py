@@ -7,6 +7,13 @@ from experiments.records import Record, RecordStore
 from scripts import suite_jobs
 
 
+@pytest.fixture(autouse=True)
+def exact(monkeypatch):
+    """Sessions planned by their times alone, without the margin and the job's own seconds (tested apart)."""
+    monkeypatch.setattr(suite_jobs, "MARGIN", 1.0)
+    monkeypatch.setattr(suite_jobs, "SESSION_S", 0.0)
+
+
 def test_a_call_takes_the_longest_that_fit_then_one_never_measured():
     left = [("A", "full", 100.0), ("B", "full", 300.0), ("C", "full", 250.0), ("D", "full", None),
             ("E", "fig9", 50.0)]
@@ -220,3 +227,27 @@ def test_a_session_whose_aa_control_missed_3_percent_is_measured_once_more(tmp_p
     assert capsys.readouterr().out.split() == ["full", "workload=EOS", "force=true"]
     control("EOS", "a-EOS", [0.90, 1.05])  # the second session with the control stands, whatever it says
     assert suite_jobs.main(["--results", str(tmp_path), "--seconds", "500"]) == 1
+
+
+def test_a_session_is_planned_with_a_margin_and_its_jobs_own_seconds(tmp_path, gpu, capsys, monkeypatch):
+    """distilgpt2_dynamic, planned by its one whole session on an H100 (209.6 s), took 250 s and 35 s more for
+    its job, and the workload after it was stopped; MTCG-T's Fig 9 set, planned at 406 s in 420, was stopped
+    at its last worker."""
+    monkeypatch.setattr(suite_jobs, "MARGIN", 1.25)
+    monkeypatch.setattr(suite_jobs, "SESSION_S", 40.0)
+    env, here, _ = gpu
+    names = suite_jobs.OmegaConf.load(suite_jobs.REPO / "conf/experiment/full.yaml").hydra.sweeper.params.workload
+    for name in names.split(","):  # every other workload measured whole with this code
+        if name not in ("DLRM", "EOS"):
+            _session(here, env, *suite_jobs.workload(name), _sets()["full"], f"h-{name}", 10.0)
+    older = dataclasses.replace(env, code="0" * 12)
+    _session(here, older, *suite_jobs.workload("DLRM"), _sets()["full"], "s1", 200.0)  # 20 s a worker
+    _session(here, older, *suite_jobs.workload("EOS"), _sets()["full"], "s2", 40.0)  # 4 s a worker
+    # DLRM needs 10 x 20 x 1.25 + 40 = 290 s, EOS 10 x 4 x 1.25 + 40 = 90 s
+    for seconds, call in ((289, "workload=EOS"), (290, "workload=DLRM"), (380, "workload=DLRM,EOS")):
+        assert suite_jobs.main(["--results", str(tmp_path), "--call", "540", "--seconds", str(seconds), "--fit"]) == 0
+        assert capsys.readouterr().out.split()[:2] == ["full", call]
+    assert suite_jobs.main(["--results", str(tmp_path), "--call", "540", "--seconds", "89", "--fit"]) == 1
+    # in a call of 280 s, DLRM's ten workers do not fit, Fig 9's five do (165 s)
+    assert suite_jobs.main(["--results", str(tmp_path), "--call", "280", "--seconds", "280", "--fit"]) == 0
+    assert capsys.readouterr().out.split()[:2] == ["fig9", "workload=DLRM"]
