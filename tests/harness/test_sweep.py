@@ -373,7 +373,8 @@ def test_a_variant_that_padded_otherwise_beside_others_is_set_up_again_alone(mak
                        dataclasses.replace(value, shape_padding=_padded(not (name == "eager" and nth == 1))))
     recs = _by_variant(_sweep(make_cfg, "workload=[mlp]", "workload.mlp.size=tiny", "variant=[eager,inductor]",
                               "aa_control=true", "measure.parallel_setup=true").store)
-    assert setups == ["eager", "inductor", "inductor_aa", "eager"]
+    # the baseline and its A/A control trade setup places in half the sessions (Sweep._setup_order)
+    assert setups[0] == setups[-1] == "eager" and sorted(setups[1:-1]) == ["inductor", "inductor_aa"]
     assert {v: r.status for v, r in recs.items()} == {"eager": "ok", "inductor": "ok", "inductor_aa": "ok"}
     assert [recs[v].set_up_beside for v in ("eager", "inductor", "inductor_aa")] == [0, 2, 2]
 
