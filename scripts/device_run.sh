@@ -22,11 +22,19 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python3 -c "import hydra_plugins.hydra_joblib_launcher" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+# A warm machine keeps ignored paths between calls, but its results/ come as sent: the records of its
+# earlier calls, kept in $stash, are taken in first, so that this call plans from all it measured (twice
+# a warm call's planner sent again a workload that the call before had just measured)
+stash=.device_records
+[ -d "$stash" ] && python3 scripts/take_records.py "$stash"
 # the records files this call wrote to (an experiment's records go to its experiment_name's folder)
 started=$(mktemp)
 # gzipped: a file comes back only under 16 MiB, which the H100's full records outgrew (a call's were lost);
 # renamed into place, so that a call stopped mid-copy brings back the last whole copy
-save_records() { find results -name records.jsonl -newer "$started" -exec sh -c 'f="$2/$(basename "$(dirname "$(dirname "$1")")")_records.jsonl.gz"; gzip -1 -c "$1" > "$f.part" && mv "$f.part" "$f"' _ {} "$out" \; ; }
+save_records() {
+  find results -name records.jsonl -newer "$started" -exec sh -c 'f="$2/$(basename "$(dirname "$(dirname "$1")")")_records.jsonl.gz"; gzip -1 -c "$1" > "$f.part" && mv "$f.part" "$f"' _ {} "$out" \;
+  mkdir -p "$stash" && cp "$out"/*_records.jsonl.gz "$stash"/ 2>/dev/null
+}
 # Every step runs under what is left of LIMIT (a step that would start with under 20 s left is not started).
 left() { echo $(( ${LIMIT:-570} - SECONDS )); }
 step() { [ "$(left)" -gt 20 ] && timeout -s INT -k 10 "$(left)" "$@"; }
