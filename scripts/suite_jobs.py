@@ -24,7 +24,8 @@ time, and the sweep measures a workload its time ran out on again, whole. With `
 fit. One that is known not to fit is never sent: a call that ends early keeps its device time. A
 workload whose `fig9` set or one ablation variant with the anchors would not fit by its time on this
 machine is named on stderr and left out; by another machine's time only (what a session stopped here ran
-leaving Fig 9's set room), it is tried by `fig9` as one never measured. A rerun after each call packs again from what is left.
+leaving Fig 9's set room), it is tried by `fig9` as one never measured. A rerun after each call packs
+again from what is left.
 """
 
 from __future__ import annotations
@@ -193,6 +194,7 @@ def main(argv=None) -> int:
     slower = max([t / took_there[k] for d in (took_here, stopped) for k, t in d.items() if k in took_there]
                  or [1.0])
 
+    call_s = args.call or args.seconds  # what decides how a workload is split
     left = []
     for name in OmegaConf.load(REPO / "conf" / "experiment" / "full.yaml").hydra.sweeper.params.workload.split(","):
         key = workload(name)
@@ -201,17 +203,15 @@ def main(argv=None) -> int:
         if not todo:
             continue
         guess = took_here.get(key) or (took_there[key] * slower if key in took_there else None)
-        w = max(MARGIN * (guess or 0.0), STOPPED_NEEDS * stopped.get(key, 0.0)) or None
-        session = next_session(todo, w, args.call or args.seconds, cuda)
-        ran = STOPPED_NEEDS * stopped.get(key, 0.0) or None  # the least it takes here, by a session stopped here
-        if session is None and key not in took_here and next_session(own("fig9"), ran, args.call or args.seconds,
-                                                                     cuda):
+        ran = STOPPED_NEEDS * stopped.get(key, 0.0)  # the least it takes here, by a session stopped here
+        w = max(MARGIN * (guess or 0.0), ran) or None
+        session = next_session(todo, w, call_s, cuda)
+        if session is None and key not in took_here and next_session(own("fig9"), ran or None, call_s, cuda):
             # too long only by another machine's time (scaled by the most this one was slower on any workload),
             # not by what it ran here: tried alone, by Fig 9's set, when nothing else fits
             session, w = ("fig9", own("fig9")), None
         if session is None:
-            print(f"{name}: no session of it fits {args.call or args.seconds:.0f} s ({w:.0f} s a worker)",
-                  file=sys.stderr)
+            print(f"{name}: no session of it fits {call_s:.0f} s ({w:.0f} s a worker)", file=sys.stderr)
             continue
         arguments, selected = session
         arguments += " force=true" * repeat  # the sweep passes over what is recorded with this code otherwise
