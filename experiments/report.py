@@ -267,7 +267,7 @@ def _time_interval(a: Record, b: Record, tau: float) -> tuple[float, float, floa
 SINGLE_OPTIONS = ("cgct", "pi", "scg")  # GraCE with one optimization on
 # how often a 95 % interval lies wholly above 1 where the two are the same: among many comparisons, some
 # are called slower by chance
-SLOWER_BY_CHANCE = 0.025
+SLOWER_BY_CHANCE = (1 - stats.CONFIDENCE) / 2
 
 
 def against_single_options(records: Sequence[Record], ours: str = "grace") -> tuple[pd.DataFrame, str]:
