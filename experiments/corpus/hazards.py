@@ -87,6 +87,38 @@ def python_float_argument(device, compile):
 
 
 @hazard
+def string_argument_selects_a_branch(device, compile):  # a guard on the string: one graph per value
+    model = _mlp(8).to(device)
+
+    def forward(x, output="logits"):
+        y = model(x)
+        return y.softmax(-1) if output == "probs" else y
+    f = compile(forward)
+
+    def step(x, output):
+        with torch.no_grad():
+            return f(x, output=output)
+    return Program(step, lambda i: (_x(device, 4, 8)(i)[0], ("logits", "probs")[i % 2]))
+
+
+@hazard
+def shape_tuple_argument(device, compile):  # the target shape of a reshape, a tuple of Python ints
+    f = compile(lambda x, shape: (x * 2).reshape(shape).sum(-1))
+    return Program(f, lambda i: (_x(device, 4, 6)(i)[0], ((4, 6), (8, 3), (2, 12))[i % 3]))
+
+
+@hazard
+def interpolate_by_a_changing_scale(device, compile):  # a Python float that sets the output's size
+    conv = nn.Conv2d(3, 4, 3, padding=1).to(device)
+    f = compile(lambda x, scale: F.interpolate(conv(x), scale_factor=scale, mode="bilinear"))
+
+    def step(x, scale):
+        with torch.no_grad():
+            return f(x, scale)
+    return Program(step, lambda i: (_x(device, 1, 3, 8, 8)(i)[0], (2.0, 1.5, 2.0, 0.5)[i % 4]))
+
+
+@hazard
 def cpu_scalar_made_inside(device, compile):
     f = compile(lambda x: x * torch.tensor(2.0).to(x.device) + torch.tensor(1.0).to(x.device))
     return Program(f, _x(device, 8))
@@ -265,6 +297,19 @@ def cache_grown_by_cat_in_forward(device, compile):  # a module attribute replac
     return Program(step, lambda i: (i, _x(device, 2, 8)(i)[0]))
 
 
+@hazard
+def embedding_renormed_in_forward(device, compile):  # max_norm: each lookup rescales its rows of the weight in place
+    embedding = nn.Embedding(32, 8, max_norm=1.0).to(device)
+    with torch.no_grad():
+        embedding.weight.mul_(3)
+    f = compile(embedding)
+
+    def step(ids):
+        with torch.no_grad():
+            return [f(ids), embedding.weight.clone()]
+    return Program(step, lambda i: (torch.tensor([(5 * i + k) % 32 for k in range(6)], device=device),))
+
+
 # --- Random numbers ------------------------------------------------------------------------------
 # The same input on every call, so that what changes from one call to the next is what was drawn: new
 # numbers each call, or the same again where the seed is set again (Program.compare `random`)
@@ -284,6 +329,21 @@ def dropout_in_training(device, compile):
 def rand_in_forward(device, compile):
     f = compile(lambda x: x + torch.rand_like(x))
     return Program(f, _same_x(device, 8), compare="random")
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 5, 3, 4, 4).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.2)
+
+
+@hazard
+def attention_dropout_in_training(device, compile):  # drawn inside the attention kernel
+    return Program(compile(_Attention().to(device).train()), _same_x(device, 2, 5, 16), compare="random")
 
 
 def _seeded_in_pairs(f, x, seed: Callable[[int], Any] = torch.manual_seed) -> Program:
@@ -497,6 +557,27 @@ def output_is_a_view(device, compile):
 
 
 @hazard
+def output_expands_a_buffer(device, compile):  # an output that is a view of a buffer, which the caller then changes
+    class Positions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.register_buffer("pos", torch.randn(1, 8))
+
+        def forward(self, x):
+            return self.lin(x) + self.pos, self.pos.expand(x.shape[0], -1)
+    model = Positions().to(device)
+    f = compile(model)
+
+    def step(x):
+        with torch.no_grad():
+            y, pos = f(x)
+            model.pos.add_(1)  # written through to `pos`, as in eager
+            return [y, pos.clone()]
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
 def outputs_in_a_dict_of_lists(device, compile):
     model = _mlp(8).to(device)
 
@@ -540,6 +621,38 @@ class _WithFunction(nn.Module):
 @hazard
 def custom_autograd_function(device, compile):
     return _training(_WithFunction(), device, compile, 4, 8)
+
+
+class _Doubled(torch.autograd.Function):  # writes its input in place and says so (mark_dirty)
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        return x.mul_(2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+@hazard
+def custom_function_writing_its_input(device, compile):
+    linear = nn.Linear(8, 8).to(device)
+    f = compile(lambda x: _Doubled.apply(linear(x)) + 1)
+
+    def step(x):
+        linear.zero_grad()
+        x = x.clone().requires_grad_()
+        y = f(x)
+        y.square().sum().backward()
+        return [y.detach(), x.grad, linear.weight.grad]
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
+def functorch_grad_inside(device, compile):  # torch.func.grad traced into the compiled graph
+    w = torch.randn(8, generator=torch.Generator().manual_seed(1)).to(device)
+    f = compile(lambda x: torch.func.grad(lambda x: (x * w).sin().sum())(x))
+    return Program(f, _x(device, 8))
 
 
 @hazard
@@ -709,6 +822,20 @@ def empty_batch(device, compile):
 def list_and_keyword_inputs(device, compile):
     f = compile(lambda xs, *, scale: sum(x * scale for x in xs))
     return Program(lambda x: f([x, x + 1, x * 3], scale=2.0), _x(device, 4, 4))
+
+
+_Batch = collections.namedtuple("_Batch", "x mask")
+
+
+@hazard
+def namedtuple_input(device, compile):
+    model = _mlp(8).to(device)
+    f = compile(lambda batch: model(batch.x).masked_fill(batch.mask, 0.0))
+
+    def step(x):
+        with torch.no_grad():
+            return f(_Batch(x, x > 0.5))
+    return Program(step, _x(device, 4, 8))
 
 
 @hazard
@@ -916,6 +1043,29 @@ def view_of_an_output_kept(device, compile):
 
 
 @hazard
+def tensor_kept_on_the_module_in_forward(device, compile):  # an output that forward stores, not returns
+    class Remembers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.last = nn.Linear(8, 8), None
+
+        def forward(self, x):
+            y = self.lin(x).relu()
+            self.last = y * 2
+            return y
+    model = Remembers().to(device)
+    f = compile(model)
+    kept = []
+
+    def step(x):
+        with torch.no_grad():
+            y = f(x)
+        kept.append(model.last)  # the caller collects them: a replay must not write over the older ones
+        return [y, *kept[-3:]]
+    return Program(step, _x(device, 4, 8))
+
+
+@hazard
 def storage_of_an_output_kept(device, compile):
     return _first_kept_by(device, compile, lambda y: y.untyped_storage(),
                           lambda kept, shape: torch.empty(0, device=device).set_(kept).view(shape))
@@ -1101,6 +1251,31 @@ def optional_mask_given_then_not(device, compile):
 
 
 @hazard
+def autocast_switched_between_calls(device, compile):
+    model = _mlp(8).to(device)
+    f = compile(model)
+
+    def step(x, on):
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=on):
+            return f(x).float()
+    return Program(step, lambda i: (_x(device, 4, 8)(i)[0], bool(i % 2)), compare="norm")
+
+
+@hazard
+def forward_pre_hook_reads_a_setting(device, compile):  # the hook scales the input by a value the caller sets
+    model = _mlp(8).to(device)
+    setting = {"scale": 1.0}
+    model.register_forward_pre_hook(lambda module, args: (args[0] * setting["scale"],))
+    f = compile(model)
+
+    def step(x, scale):
+        setting["scale"] = scale
+        with torch.no_grad():
+            return f(x)
+    return Program(step, lambda i: (_x(device, 4, 8)(i)[0], 1.0 + i % 2))
+
+
+@hazard
 def model_cast_to_bfloat16_between_calls(device, compile):
     model = _mlp(8).to(device)
     f = compile(model)
@@ -1273,6 +1448,17 @@ def lstm(device, compile):
         with torch.no_grad():
             return f(x)
     return Program(step, _x(device, 2, 5, 8))
+
+
+@hazard
+def lazy_module_compiled_before_first_call(device, compile):  # its weight is made by the first call
+    model = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.Linear(16, 4)).to(device)
+    f = compile(model)
+
+    def step(x):
+        with torch.no_grad():
+            return f(x)
+    return Program(step, _x(device, 4, 8))
 
 
 @hazard
