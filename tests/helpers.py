@@ -88,3 +88,21 @@ def stale_backend(gm, example_inputs):
         return first[0]
 
     return run
+
+
+def overwriting_backend(gm, example_inputs):
+    """Writes each call's outputs into the first call's output tensors and returns those, as a replay
+    that took no notice of the outputs the caller still holds would."""
+    first = []
+
+    def run(*args):
+        out = gm(*args)
+        if not first:
+            first.append(out)
+            return out
+        with torch.no_grad():
+            for kept, new in zip(first[0], out):
+                kept.copy_(new)
+        return first[0]
+
+    return run

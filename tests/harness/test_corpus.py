@@ -8,8 +8,8 @@ import torch
 
 from experiments import corpus
 from experiments.corpus.hazards import HAZARDS
-from tests.helpers import (frozen_rng_backend, frozen_weights_backend, offset_backend, own_rng_backend,
-                           redrawn_backward_backend, stale_backend)
+from tests.helpers import (frozen_rng_backend, frozen_weights_backend, offset_backend, overwriting_backend,
+                           own_rng_backend, redrawn_backward_backend, stale_backend)
 
 CPU = torch.device("cpu")
 
@@ -184,15 +184,20 @@ def test_grace_replays_each_hazard_right_where_inductor_partitions_it_as_on_a_gp
 
 @pytest.mark.parametrize("backend, programs", [
     (offset_backend, ["python_float_argument", "training_step", "kv_cache_written_in_place",
-                      "pinned_cpu_input_written_after_the_call"]),  # off by 0.5
-    (stale_backend, ["python_float_argument", "cpu_tensor_input", "shape_changes_every_call"]),  # a stale result
+                      "pinned_cpu_input_written_after_the_call", "shape_tuple_argument"]),  # off by 0.5
+    (stale_backend, ["python_float_argument", "cpu_tensor_input", "shape_changes_every_call",
+                     "output_expands_a_buffer", "forward_pre_hook_reads_a_setting"]),  # a stale result
     (frozen_weights_backend, ["weights_loaded_between_calls", "parameter_data_swapped",
-                              "compiled_model_deep_copied"]),  # the old weights
+                              "compiled_model_deep_copied", "embedding_renormed_in_forward"]),  # the old weights
     # the same random numbers every call; new ones where the caller set the seed again
     (frozen_rng_backend, ["rand_in_forward", "dropout_in_training", "seed_set_again_between_calls",
-                          "tokens_sampled_with_a_seed", "dropout_masks_of_two_forwards_in_one_backward"]),
+                          "tokens_sampled_with_a_seed", "dropout_masks_of_two_forwards_in_one_backward",
+                          "attention_dropout_in_training"]),
     (own_rng_backend, ["seed_set_again_between_calls", "tokens_sampled_with_a_seed"]),
     (redrawn_backward_backend, ["dropout_masks_of_two_forwards_in_one_backward"]),  # another mask's gradient
+    # a replay over outputs the caller still holds
+    (overwriting_backend, ["outputs_kept_across_calls", "tensor_kept_on_the_module_in_forward",
+                           "view_of_an_output_kept", "storage_of_an_output_kept"]),
 ])
 def test_a_wrong_program_comes_out_mismatch(monkeypatch, backend, programs):
     monkeypatch.setitem(corpus.VARIANTS, "wrong", {"backend": backend})
