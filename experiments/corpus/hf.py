@@ -1,7 +1,7 @@
 """HuggingFace transformers architectures built from small configs (random weights, nothing downloaded):
 encoders, decoders, encoder-decoders, vision and speech models (the suite's own architectures left out), inference under no_grad in float32;
-training steps of a few of them (`hf/train/`); and decoding with a static KV cache and a compiled
-forward, as transformers documents for fast decoding.
+training steps of a few of them (`hf/train/`); and decoding with a compiled forward, with a static KV
+cache as transformers documents for fast decoding, and with the default cache that grows each token.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ SMALL = {  # every field a config has of these is set so: two layers, width 64, 
 # MobileBERT, TrOCR) are left out.
 TEXT = ("roberta distilbert albert electra mpnet xlm-roberta camembert ernie squeezebert convbert megatron-bert "
         "roformer nystromformer yoso canine gpt_neo gptj opt bloom llama mistral qwen2 phi gemma falcon stablelm "
-        "starcoder2 t5 bart mbart pegasus marian led").split()
+        "starcoder2 qwen3 mixtral modernbert mamba t5 bart mbart pegasus marian led").split()  # mixtral: experts
+# routed by the data; mamba: a state-space scan in PyTorch (its CUDA kernels are not installed)
 VISION = "vit deit beit resnet regnet mobilevit dinov2 segformer poolformer".split()
 SPEECH = "wav2vec2 hubert wavlm".split()  # raw audio in
 DECODERS = ("llama", "qwen2", "mistral", "gemma")  # generation with a static cache
+GROWING = ("llama", "gpt_neo")  # generation with the default cache: a new sequence length each token
 TRAIN = ("roberta", "gpt_neo", "llama", "t5", "bart", "vit")  # a training step each
 ENCODER_DECODER = {"t5", "bart", "mbart", "pegasus", "marian", "led"}
 
@@ -100,9 +102,10 @@ def _training(model_type: str):
     return build
 
 
-def _generate(model_type: str):
-    """Greedy decoding of 8 tokens with a static KV cache, the forward compiled as transformers documents
-    (`model.forward = torch.compile(model.forward, ...)`, `cache_implementation="static"`)."""
+def _generate(model_type: str, cache: str | None = "static"):
+    """Greedy decoding of 8 tokens, the forward compiled as transformers documents (`model.forward =
+    torch.compile(model.forward, ...)`), with a static KV cache (`cache_implementation="static"`) or,
+    where `cache` is None, transformers' default one."""
     def build(device, compile):
         from transformers import AutoModelForCausalLM
 
@@ -112,7 +115,7 @@ def _generate(model_type: str):
 
         def step(ids):
             with torch.no_grad():
-                return model.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static",
+                return model.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation=cache,
                                       pad_token_id=0)
         return Program(step, lambda i: (tokens(i),))
     return build
@@ -127,6 +130,8 @@ def _register() -> None:
         MODELS[f"hf/train/{t}"] = _training(t)
     for t in DECODERS:
         MODELS[f"hf/generate-static/{t}"] = _generate(t)
+    for t in GROWING:
+        MODELS[f"hf/generate-dynamic/{t}"] = _generate(t, cache=None)
 
 
 _register()

@@ -248,10 +248,11 @@ def test_the_zoo_holds_every_torchvision_model_and_timm_families():
     assert len([n for n in names if n.startswith("timm/")]) >= 30 and len(names) >= 150
     assert len([n for n in names if n.startswith("hf/") and "generate" not in n]) >= 40
     assert len([n for n in names if n.startswith("hf/generate-static/")]) >= 3
+    assert len([n for n in names if n.startswith("hf/generate-dynamic/")]) >= 2
     assert len([n for n in names if "/train/" in n]) >= 10  # training steps beyond the hazards' small ones
 
 
-@pytest.mark.parametrize("name", ["torchvision/squeezenet1_0", "hf/vit"])
+@pytest.mark.parametrize("name", ["torchvision/squeezenet1_0", "hf/vit", "hf/generate-dynamic/gpt_neo"])
 def test_a_zoo_model_builds_and_runs_as_grace(name):
     records = {r["variant"]: r for r in corpus.run_program(name, CPU, ["eager", "grace"], calls=2, rounds=1, iters=1)}
     assert records["grace"]["status"] == "ok", records["grace"]
