@@ -111,11 +111,7 @@ def shape_tuple_argument(device, compile):  # the target shape of a reshape, a t
 def interpolate_by_a_changing_scale(device, compile):  # a Python float that sets the output's size
     conv = nn.Conv2d(3, 4, 3, padding=1).to(device)
     f = compile(lambda x, scale: F.interpolate(conv(x), scale_factor=scale, mode="bilinear"))
-
-    def step(x, scale):
-        with torch.no_grad():
-            return f(x, scale)
-    return Program(step, lambda i: (_x(device, 1, 3, 8, 8)(i)[0], (2.0, 1.5, 2.0, 0.5)[i % 4]))
+    return Program(torch.no_grad()(f), lambda i: (_x(device, 1, 3, 8, 8)(i)[0], (2.0, 1.5, 2.0, 0.5)[i % 4]))
 
 
 @hazard
@@ -1453,12 +1449,7 @@ def lstm(device, compile):
 @hazard
 def lazy_module_compiled_before_first_call(device, compile):  # its weight is made by the first call
     model = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.Linear(16, 4)).to(device)
-    f = compile(model)
-
-    def step(x):
-        with torch.no_grad():
-            return f(x)
-    return Program(step, _x(device, 4, 8))
+    return Program(torch.no_grad()(compile(model)), _x(device, 4, 8))
 
 
 @hazard
